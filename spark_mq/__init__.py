@@ -1,0 +1,14 @@
+"""spark-mq: Spark Structured Streaming sources and sinks for message brokers.
+
+The package is layered (imports point down only):
+
+1. ``spark_mq.protocol.<proto>``: sans-IO codecs and protocol state machines.
+2. ``spark_mq.transport``: IO drivers (blocking sockets with TLS, reader threads, timers).
+3. ``spark_mq.clients``: small synchronous client facades.
+4. ``spark_mq.sources`` / ``spark_mq.sinks``: the Spark Python Data Source layer.
+"""
+
+from spark_mq.errors import SparkMqError
+
+__all__ = ["SparkMqError"]
+__version__ = "0.1.0.dev0"

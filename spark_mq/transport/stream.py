@@ -1,0 +1,180 @@
+"""Blocking TCP/TLS byte-stream driver shared by the AMQP and STOMP clients.
+
+Owns the socket, a reader thread and a periodic tick. It knows nothing of any protocol:
+bytes read are handed to ``on_data`` (on the reader thread), ``on_tick(now)`` runs on the
+reader thread at least every ``tick_interval`` seconds even when nothing arrives (so a
+protocol can send heartbeats while the application is busy or idle), and ``on_closed(exc)``
+runs exactly once when the stream ends, with ``None`` for a clean local close.
+
+It must not parse frames or hold protocol state.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from spark_mq.errors import ConnectionClosedError
+
+_READ_SIZE = 256 * 1024
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS settings. ``verify=False`` disables certificate and host name checks."""
+
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    verify: bool = True
+    server_hostname: Optional[str] = None
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+
+def open_socket(host: str, port: int, *, timeout: float, tls: Optional[TlsOptions] = None) -> socket.socket:
+    """Connect (and TLS-handshake) within ``timeout`` seconds or raise ``ConnectionClosedError``."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if tls is not None:
+            sock = tls.context().wrap_socket(sock, server_hostname=tls.server_hostname or host)
+    except (OSError, ssl.SSLError) as exc:
+        sock.close()
+        raise ConnectionClosedError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
+    return sock
+
+
+class StreamDriver:
+    """A connected socket plus a reader thread that feeds bytes to a protocol.
+
+    ``send`` is thread-safe and writes all bytes or raises ``ConnectionClosedError``.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        on_data: Callable[[bytes], None],
+        on_closed: Callable[[Optional[BaseException]], None],
+        on_tick: Optional[Callable[[float], None]] = None,
+        tick_interval: float = 1.0,
+        name: str = "spark-mq-reader",
+    ) -> None:
+        self._sock = sock
+        self._on_data = on_data
+        self._on_closed = on_closed
+        self._on_tick = on_tick
+        self._tick_interval = tick_interval
+        self._send_lock = threading.Lock()
+        self._closing = False
+        self._closed_once = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.last_send = time.monotonic()
+        self.last_recv = time.monotonic()
+
+    def start(self) -> None:
+        self._sock.settimeout(self._tick_interval)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def send(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed:
+            raise ConnectionClosedError("connection is closed")
+        try:
+            with self._send_lock:
+                # sendall honours the socket timeout per call; a peer that stops reading
+                # for longer than the tick makes sendall raise socket.timeout, so loop.
+                view = memoryview(data)
+                while view:
+                    try:
+                        sent = self._sock.send(view)
+                    except (socket.timeout, ssl.SSLWantWriteError):
+                        if self._closed:
+                            raise ConnectionClosedError("connection closed while sending") from None
+                        continue
+                    view = view[sent:]
+                self.last_send = time.monotonic()
+        except OSError as exc:
+            self._finish(ConnectionClosedError(f"send failed: {exc}"))
+            raise ConnectionClosedError(f"send failed: {exc}") from exc
+
+    def sendmany(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.send(b"".join(chunks))
+
+    def close(self) -> None:
+        """Close the socket locally; ``on_closed(None)`` runs once."""
+        self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._finish(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def abort(self, exc: BaseException) -> None:
+        """Drop the connection because of ``exc`` (for example a missed heartbeat)."""
+        self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._finish(exc)
+
+    def _finish(self, exc: Optional[BaseException]) -> None:
+        with self._closed_once:
+            if self._closed:
+                return
+            self._closed = True
+        self._on_closed(exc)
+
+    def _run(self) -> None:
+        sock = self._sock
+        recv = sock.recv
+        next_tick = time.monotonic() + self._tick_interval
+        try:
+            while not self._closed:
+                try:
+                    data = recv(_READ_SIZE)
+                except (socket.timeout, ssl.SSLWantReadError):
+                    data = None
+                if data is not None:
+                    if not data:
+                        if self._closing:
+                            self._finish(None)
+                        else:
+                            self._finish(ConnectionClosedError("connection closed by peer"))
+                        return
+                    self.last_recv = time.monotonic()
+                    self._on_data(data)
+                if self._on_tick is not None:
+                    now = time.monotonic()
+                    if now >= next_tick:
+                        next_tick = now + self._tick_interval
+                        self._on_tick(now)
+        except OSError as exc:
+            self._finish(None if self._closing else ConnectionClosedError(f"connection lost: {exc}"))
+        except BaseException as exc:  # a protocol error raised by on_data ends the connection
+            self._finish(exc)
