@@ -1,0 +1,24 @@
+"""Run every benchmark module (``bench/bench_*.py``) or those named on the command line."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import bench
+
+
+def main(argv: list[str]) -> int:
+    names = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
+    wanted = [a for a in argv if not a.startswith("-")]
+    if wanted:
+        names = [n for n in names if n in wanted or n.removeprefix("bench_") in wanted]
+    for name in names:
+        print(f"== {name} ==", flush=True)
+        importlib.import_module(f"bench.{name}").main([a for a in argv if a.startswith("-")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
