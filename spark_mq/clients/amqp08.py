@@ -1,0 +1,613 @@
+"""Blocking AMQP 0-8 client: a connection facade over the sans-IO state machine and StreamDriver.
+
+The reader thread (``spark_mq.transport.stream``) feeds the state machine, answers heartbeats,
+channel.flow and broker closes on its own, so a connection stays healthy while the application
+does nothing (for example while Spark leaves a generator suspended). Application threads call the
+``Channel`` methods, which queue frames, write them, and wait (always with a timeout) for the reply.
+
+Broker errors surface as the generated exception classes (``NotFoundError``...): a soft error
+closes only its channel and leaves the connection usable; a hard one closes the connection and
+every waiter gets it. Nothing here blocks forever: every wait has a deadline and is woken when the
+connection dies.
+
+Example::
+
+    with Connection.from_url("amqp://guest:guest@127.0.0.1:5672/%2F") as conn:
+        ch = conn.channel()
+        ch.queue_declare("jobs", durable=True)
+        ch.basic_publish("", "jobs", b"hello", BasicProperties(delivery_mode=2))
+        msg = ch.basic_get("jobs")
+        ch.basic_ack(msg.delivery_tag)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterable, Iterator, Optional
+from urllib.parse import unquote, urlsplit
+
+from spark_mq.errors import ConnectionClosedError, LocalProtocolError, SparkMqError
+from spark_mq.protocol.amqp08 import spec
+from spark_mq.protocol.amqp08.codec import Method
+from spark_mq.protocol.amqp08.connection import (
+    ChannelClosed,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionOpened,
+    ConnectionRedirected,
+    ConnState,
+    ContentReceived,
+    FlowChanged,
+    MethodReceived,
+)
+from spark_mq.protocol.amqp08.connection import Connection as ProtocolConnection
+from spark_mq.protocol.amqp08.errors import AMQPChannelError, AuthenticationError, ConnectionRedirect
+from spark_mq.protocol.amqp08.spec import BasicProperties
+from spark_mq.transport.stream import StreamDriver, TlsOptions, open_socket
+
+__all__ = ["Connection", "Channel", "Message", "BasicProperties", "TimeoutError", "parse_url"]
+
+DEFAULT_TIMEOUT = 30.0
+_monotonic = time.monotonic
+
+
+class TimeoutError(SparkMqError, TimeoutError):  # noqa: A001 - also a builtin TimeoutError
+    """A reply did not arrive in time."""
+
+
+class Message:
+    """A delivered, fetched or returned message."""
+
+    __slots__ = ("body", "properties", "delivery_tag", "redelivered", "exchange", "routing_key",
+                 "consumer_tag", "message_count", "reply_code", "reply_text", "channel")
+
+    def __init__(self, event: ContentReceived, channel: "Channel") -> None:
+        m = event.method
+        self.body = event.body
+        self.properties = event.properties
+        self.exchange = m.exchange
+        self.routing_key = m.routing_key
+        self.channel = channel
+        self.delivery_tag = getattr(m, "delivery_tag", None)
+        self.redelivered = getattr(m, "redelivered", False)
+        self.consumer_tag = getattr(m, "consumer_tag", None)
+        self.message_count = getattr(m, "message_count", None)
+        self.reply_code = getattr(m, "reply_code", None)
+        self.reply_text = getattr(m, "reply_text", None)
+
+    def ack(self, multiple: bool = False) -> None:
+        self.channel.basic_ack(self.delivery_tag, multiple)
+
+    def __repr__(self) -> str:
+        return (f"<Message tag={self.delivery_tag} exchange={self.exchange!r} routing_key={self.routing_key!r} "
+                f"{len(self.body)} bytes {self.properties!r}>")
+
+
+def parse_url(url: str) -> dict:
+    """``amqp[s]://user:pass@host:port/vhost`` -> keyword arguments for ``Connection``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("amqp", "amqps"):
+        raise LocalProtocolError(f"AMQP URL must start with amqp:// or amqps://, got scheme {parts.scheme!r}")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    kwargs = {
+        "host": parts.hostname or "localhost",
+        "port": parts.port or (5671 if parts.scheme == "amqps" else spec.DEFAULT_PORT),
+        "username": unquote(parts.username) if parts.username else "guest",
+        "password": unquote(parts.password) if parts.password else "guest",
+        "virtual_host": unquote(path) if path else "/",
+    }
+    if parts.scheme == "amqps":
+        kwargs["tls"] = TlsOptions()
+    return kwargs
+
+
+class Connection:
+    """A blocking AMQP 0-8 connection. Thread-safe; channels may be used from different threads."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = spec.DEFAULT_PORT,
+        *,
+        username: str = "guest",
+        password: str = "guest",
+        virtual_host: str = "/",
+        heartbeat: Optional[int] = 60,
+        frame_max: int = 131072,
+        channel_max: int = 0,
+        mechanism: str = "PLAIN",
+        tls: Optional[TlsOptions] = None,
+        connect_timeout: float = 10.0,
+        client_properties: Optional[dict] = None,
+        insist: bool = False,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.virtual_host = virtual_host
+        self._proto = ProtocolConnection(
+            username, password, virtual_host, mechanism=mechanism, heartbeat=heartbeat, frame_max=frame_max,
+            channel_max=channel_max, client_properties=client_properties, insist=insist,
+        )
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
+        self._channels: dict[int, Channel] = {}
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._redirect: Optional[ConnectionRedirected] = None
+        self.server_properties: dict = {}
+        sock = open_socket(host, port, timeout=connect_timeout, tls=tls)
+        self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed,
+                                    on_tick=self._on_tick, tick_interval=_tick_for(heartbeat),
+                                    name=f"amqp08-reader-{host}:{port}")
+        with self._lock:
+            self._driver.send(self._proto.initiate())
+            self._proto.note_sent(_monotonic())
+        self._driver.start()
+        deadline = _monotonic() + connect_timeout
+        with self._cv:
+            while self._proto.state is not ConnState.OPEN and self._error is None and self._redirect is None:
+                left = deadline - _monotonic()
+                if left <= 0:
+                    self._driver.abort(TimeoutError("handshake timed out"))
+                    raise TimeoutError(
+                        f"AMQP handshake with {host}:{port} did not finish in {connect_timeout}s "
+                        f"(state {self._proto.state.value})"
+                    )
+                self._cv.wait(left)
+        if self._redirect is not None:
+            self._driver.close()
+            raise ConnectionRedirect(self._redirect.host, self._redirect.known_hosts)
+        if self._error is not None:
+            self._driver.close()
+            raise self._error
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs) -> "Connection":
+        params = parse_url(url)
+        params.update(kwargs)
+        return cls(**params)
+
+    def __repr__(self) -> str:
+        return f"<amqp08.Connection {self.host}:{self.port} vhost={self.virtual_host!r} {self._proto.state.value}>"
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._proto.state is ConnState.OPEN and self._error is None
+
+    @property
+    def frame_max(self) -> int:
+        return self._proto.frame_max
+
+    @property
+    def heartbeat(self) -> int:
+        return self._proto.heartbeat
+
+    @property
+    def channel_max(self) -> int:
+        return self._proto.channel_max
+
+    # -- reader-thread callbacks ------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Write what the state machine queued. Caller holds the lock."""
+        data = self._proto.data_to_send()
+        if data:
+            self._driver.send(data)
+            self._proto.note_sent(_monotonic())
+
+    def _on_data(self, data: bytes) -> None:
+        with self._lock:
+            events = self._proto.receive_data(data, _monotonic())
+            self._flush()
+            if events:
+                self._dispatch(events)
+                self._cv.notify_all()
+
+    def _dispatch(self, events) -> None:
+        channels = self._channels
+        for ev in events:
+            kind = type(ev)
+            if kind is ContentReceived:
+                ch = channels.get(ev.channel)
+                if ch is not None:
+                    ch._on_content(ev)
+            elif kind is MethodReceived:
+                ch = channels.get(ev.channel)
+                if ch is not None:
+                    ch._replies.append(ev.method)
+            elif kind is ChannelOpened:
+                ch = channels.get(ev.channel)
+                if ch is not None:
+                    ch._opened = True
+            elif kind is ChannelClosed:
+                ch = channels.pop(ev.channel, None)
+                if ch is not None:
+                    ch._closed_by(ev.error)
+            elif kind is FlowChanged:
+                ch = channels.get(ev.channel)
+                if ch is not None:
+                    ch.flow_active = ev.active
+            elif kind is ConnectionOpened:
+                self.server_properties = ev.server_properties
+            elif kind is ConnectionRedirected:
+                self._redirect = ev
+            elif kind is ConnectionClosed:
+                if ev.error is not None:
+                    self._error = ev.error
+                self._closed = True
+                self._driver.close()
+
+    def _on_tick(self, now: float) -> None:
+        with self._lock:
+            self._proto.tick(now)  # raises HeartbeatTimeout: the driver then ends the connection
+            self._flush()
+
+    def _on_closed(self, exc: Optional[BaseException]) -> None:
+        with self._cv:
+            if exc is not None and self._error is None:
+                if self._proto.state is ConnState.AWAIT_TUNE:
+                    exc = AuthenticationError(
+                        403, f"broker closed the connection after start-ok: check username/password ({exc})")
+                elif not isinstance(exc, SparkMqError):
+                    exc = ConnectionClosedError(f"connection to {self.host}:{self.port} failed: {exc!r}")
+                self._error = exc
+            elif self._error is None and not self._closed and self._proto.state is not ConnState.CLOSED:
+                self._error = ConnectionClosedError(f"connection to {self.host}:{self.port} was closed")
+            self._closed = True
+            for ch in list(self._channels.values()):
+                ch._closed_by(self._error or ConnectionClosedError("connection closed"))
+            self._cv.notify_all()
+
+    # -- application API ---------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ConnectionClosedError("connection is closed")
+
+    def channel(self, number: Optional[int] = None, timeout: float = DEFAULT_TIMEOUT) -> "Channel":
+        """Open a channel and wait for channel.open-ok."""
+        with self._cv:
+            self._check()
+            n = self._proto.open_channel(number)
+            ch = Channel(self, n)
+            self._channels[n] = ch
+            self._flush()
+            deadline = _monotonic() + timeout
+            while not ch._opened:
+                if ch._error is not None:
+                    raise ch._error
+                self._wait(deadline, "channel.open-ok")
+        return ch
+
+    def _wait(self, deadline: float, what: str) -> None:
+        """Wait on the condition once; raise if the connection died or the deadline passed."""
+        self._check()
+        left = deadline - _monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no {what} from the broker within the timeout")
+        self._cv.wait(left)
+        self._check()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Close politely (connection.close, wait for close-ok), then the socket."""
+        with self._cv:
+            if not self._closed and self._error is None and self._proto.state is ConnState.OPEN:
+                try:
+                    self._proto.close()
+                    self._flush()
+                    deadline = _monotonic() + timeout
+                    while not self._closed and self._error is None and _monotonic() < deadline:
+                        self._cv.wait(deadline - _monotonic())
+                except ConnectionClosedError:
+                    pass
+            self._closed = True
+        self._driver.close()
+
+
+class Channel:
+    """One AMQP channel. Methods block until the broker's reply (with a timeout)."""
+
+    def __init__(self, connection: Connection, number: int) -> None:
+        self.connection = connection
+        self.number = number
+        self._opened = False
+        self._error: Optional[BaseException] = None
+        self._replies: deque = deque()
+        self._deliveries: deque = deque()
+        self._returns: deque = deque()
+        self.flow_active = True
+        self.on_return: Optional[Callable[[Message], None]] = None
+        self._consumers: set[str] = set()
+        self.ticket = 0
+
+    def __repr__(self) -> str:
+        return f"<amqp08.Channel {self.number} {'open' if self.is_open else 'closed'}>"
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.is_open:
+            self.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._error is None and self.connection._error is None and not self.connection._closed
+
+    # called by the connection with its lock held
+    def _on_content(self, ev: ContentReceived) -> None:
+        kind = type(ev.method)
+        if kind is spec.BasicDeliver:
+            self._deliveries.append(Message(ev, self))
+        elif kind is spec.BasicReturn:
+            msg = Message(ev, self)
+            if self.on_return is not None:
+                self.on_return(msg)
+            else:
+                self._returns.append(msg)
+        else:  # get-ok and other content replies
+            self._replies.append(Message(ev, self))
+
+    def _closed_by(self, error: Optional[BaseException]) -> None:
+        self._error = error or ConnectionClosedError(f"channel {self.number} is closed")
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self.connection._check()
+
+    # -- generic request/response -------------------------------------------------------------
+
+    def call(self, method: Method, timeout: float = DEFAULT_TIMEOUT):
+        """Send any client method; wait for and return its reply (None for asynchronous methods).
+
+        Also the way to reach the 0-8 classes RabbitMQ does not implement (file, stream, dtx,
+        tunnel, test): the broker answers with a close, raised here as its exception.
+        """
+        conn = self.connection
+        with conn._cv:
+            self._check()
+            conn._proto.send_method(self.number, method)
+            conn._flush()
+            if not method.RESPONSES or getattr(method, "nowait", False):
+                return None
+            return self._await_reply(method.RESPONSES, timeout, method.NAME)
+
+    def _await_reply(self, responses: tuple, timeout: float, name: str):
+        conn = self.connection
+        deadline = _monotonic() + timeout
+        while not self._replies:
+            self._check()
+            conn._wait(deadline, f"reply to {name} on channel {self.number}")
+            if self._error is not None:
+                raise self._error
+        reply = self._replies.popleft()
+        rtype = spec.BasicGetOk if isinstance(reply, Message) else type(reply)
+        if rtype not in responses:  # the state machine checked the order; this guards the facade
+            raise LocalProtocolError(f"reply {rtype.NAME} does not answer {name}")
+        return reply
+
+    def call_content(self, method: Method, properties, body, timeout: float = DEFAULT_TIMEOUT):
+        """Send a content-bearing method (e.g. test.content) and wait for its reply, if any."""
+        conn = self.connection
+        with conn._cv:
+            self._check()
+            conn._proto.send_content(self.number, method, properties, body)
+            conn._flush()
+            if not method.RESPONSES:
+                return None
+            return self._await_reply(method.RESPONSES, timeout, method.NAME)
+
+    # -- access, exchange, queue --------------------------------------------------------------
+
+    def access_request(self, realm: str = "/data", *, exclusive: bool = False, passive: bool = True,
+                       active: bool = True, write: bool = True, read: bool = True) -> int:
+        ok = self.call(spec.AccessRequest(realm=realm, exclusive=exclusive, passive=passive, active=active,
+                                          write=write, read=read))
+        self.ticket = ok.ticket
+        return ok.ticket
+
+    def exchange_declare(self, exchange: str, type: str = "direct", *, passive: bool = False,  # noqa: A002
+                         durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                         nowait: bool = False, arguments: Optional[dict] = None) -> None:
+        self.call(spec.ExchangeDeclare(ticket=self.ticket, exchange=exchange, type=type, passive=passive,
+                                       durable=durable, auto_delete=auto_delete, internal=internal,
+                                       nowait=nowait, arguments=arguments))
+
+    def exchange_delete(self, exchange: str, *, if_unused: bool = False, nowait: bool = False) -> None:
+        self.call(spec.ExchangeDelete(ticket=self.ticket, exchange=exchange, if_unused=if_unused, nowait=nowait))
+
+    def queue_declare(self, queue: str = "", *, passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False, nowait: bool = False,
+                      arguments: Optional[dict] = None) -> Optional[spec.QueueDeclareOk]:
+        """Declare a queue; returns declare-ok with ``queue``, ``message_count``, ``consumer_count``."""
+        return self.call(spec.QueueDeclare(ticket=self.ticket, queue=queue, passive=passive, durable=durable,
+                                           exclusive=exclusive, auto_delete=auto_delete, nowait=nowait,
+                                           arguments=arguments))
+
+    def queue_bind(self, queue: str, exchange: str, routing_key: str = "", *, nowait: bool = False,
+                   arguments: Optional[dict] = None) -> None:
+        self.call(spec.QueueBind(ticket=self.ticket, queue=queue, exchange=exchange, routing_key=routing_key,
+                                 nowait=nowait, arguments=arguments))
+
+    def queue_purge(self, queue: str, *, nowait: bool = False) -> Optional[int]:
+        ok = self.call(spec.QueuePurge(ticket=self.ticket, queue=queue, nowait=nowait))
+        return ok.message_count if ok is not None else None
+
+    def queue_delete(self, queue: str, *, if_unused: bool = False, if_empty: bool = False,
+                     nowait: bool = False) -> Optional[int]:
+        ok = self.call(spec.QueueDelete(ticket=self.ticket, queue=queue, if_unused=if_unused,
+                                        if_empty=if_empty, nowait=nowait))
+        return ok.message_count if ok is not None else None
+
+    # -- basic --------------------------------------------------------------------------------
+
+    def basic_qos(self, prefetch_count: int = 0, prefetch_size: int = 0, global_: bool = False) -> None:
+        self.call(spec.BasicQos(prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_))
+
+    def basic_consume(self, queue: str, consumer_tag: str = "", *, no_ack: bool = False, no_local: bool = False,
+                      exclusive: bool = False, arguments: Optional[dict] = None) -> str:
+        """Start a consumer; deliveries are read with ``next_message``/``consume``. Returns the tag."""
+        ok = self.call(spec.BasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
+                                         no_local=no_local, no_ack=no_ack, exclusive=exclusive,
+                                         arguments=arguments))
+        self._consumers.add(ok.consumer_tag)
+        return ok.consumer_tag
+
+    def basic_cancel(self, consumer_tag: str) -> None:
+        self.call(spec.BasicCancel(consumer_tag=consumer_tag))
+        self._consumers.discard(consumer_tag)
+
+    def basic_publish(self, exchange: str, routing_key: str, body, properties: Optional[BasicProperties] = None,
+                      *, mandatory: bool = False, immediate: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Publish one message (no round trip). Waits while the broker has paused us with channel.flow."""
+        conn = self.connection
+        with conn._cv:
+            self._wait_flow(timeout)
+            conn._proto.send_content(self.number, spec.BasicPublish(
+                ticket=self.ticket, exchange=exchange, routing_key=routing_key, mandatory=mandatory,
+                immediate=immediate), properties, body)
+            conn._flush()
+
+    def publish_many(self, messages: Iterable, *, batch_bytes: int = 1 << 20,
+                     timeout: float = DEFAULT_TIMEOUT) -> int:
+        """Pipeline ``(exchange, routing_key, body, properties)`` tuples: frames for many messages are
+        written in one socket call per ``batch_bytes``. Returns the number published."""
+        conn = self.connection
+        proto = conn._proto
+        send_content = proto.send_content
+        publish = spec.BasicPublish
+        number = self.number
+        ticket = self.ticket
+        count = 0
+        pending = 0
+        with conn._cv:
+            self._wait_flow(timeout)
+            for exchange, routing_key, body, properties in messages:
+                send_content(number, publish(ticket, exchange, routing_key), properties, body)
+                count += 1
+                pending += len(body) + 64
+                if pending >= batch_bytes:
+                    conn._flush()
+                    pending = 0
+                    if not self.flow_active:
+                        self._wait_flow(timeout)
+            conn._flush()
+        return count
+
+    def _wait_flow(self, timeout: float) -> None:
+        self._check()
+        if self.flow_active:
+            return
+        deadline = _monotonic() + timeout
+        while not self.flow_active:
+            self.connection._wait(deadline, f"channel.flow active=true on channel {self.number}")
+            self._check()
+
+    def basic_get(self, queue: str, *, no_ack: bool = False, timeout: float = DEFAULT_TIMEOUT) -> Optional[Message]:
+        """Fetch one message, or None when the queue is empty."""
+        reply = self.call(spec.BasicGet(ticket=self.ticket, queue=queue, no_ack=no_ack), timeout)
+        return reply if isinstance(reply, Message) else None
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.call(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.call(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
+
+    def basic_recover(self, requeue: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Redeliver unacknowledged messages (requeue=True: possibly to other consumers)."""
+        self.call(spec.BasicRecover(requeue=requeue), timeout)
+
+    def next_message(self, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Optional[Message]:
+        """The next delivery from any consumer on this channel, or None after ``timeout`` seconds."""
+        deliveries = self._deliveries
+        if deliveries:
+            return deliveries.popleft()
+        conn = self.connection
+        with conn._cv:
+            deadline = _monotonic() + (timeout or 0)
+            while not deliveries:
+                self._check()
+                left = deadline - _monotonic()
+                if left <= 0:
+                    return None
+                conn._cv.wait(left)
+            return deliveries.popleft()
+
+    def drain(self, max_messages: int = 1 << 30) -> list[Message]:
+        """Every delivery already received (up to ``max_messages``), without waiting."""
+        out = []
+        deliveries = self._deliveries
+        pop = deliveries.popleft
+        while deliveries and len(out) < max_messages:
+            out.append(pop())
+        return out
+
+    def consume(self, timeout: Optional[float] = None) -> Iterator[Message]:
+        """Yield deliveries until ``timeout`` seconds pass without one (forever when None)."""
+        while True:
+            msg = self.next_message(timeout if timeout is not None else 3600.0)
+            if msg is None:
+                if timeout is not None:
+                    return
+                continue
+            yield msg
+
+    def next_return(self, timeout: float = DEFAULT_TIMEOUT) -> Optional[Message]:
+        """The next message the broker returned (mandatory/immediate), or None after ``timeout``."""
+        conn = self.connection
+        with conn._cv:
+            deadline = _monotonic() + timeout
+            while not self._returns:
+                self._check()
+                left = deadline - _monotonic()
+                if left <= 0:
+                    return None
+                conn._cv.wait(left)
+            return self._returns.popleft()
+
+    # -- tx, flow, close ----------------------------------------------------------------------
+
+    def tx_select(self) -> None:
+        self.call(spec.TxSelect())
+
+    def tx_commit(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.call(spec.TxCommit(), timeout)
+
+    def tx_rollback(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.call(spec.TxRollback(), timeout)
+
+    def flow(self, active: bool) -> bool:
+        """Ask the broker to pause (False) or resume (True) deliveries; returns the broker's answer."""
+        return self.call(spec.ChannelFlow(active=active)).active
+
+    def close(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        conn = self.connection
+        with conn._cv:
+            if self._error is not None or conn._closed:
+                return
+            conn._proto.close_channel(self.number)
+            conn._flush()
+            deadline = _monotonic() + timeout
+            while self._error is None:
+                conn._wait(deadline, f"channel.close-ok on channel {self.number}")
+            if isinstance(self._error, AMQPChannelError):
+                raise self._error
+
+
+def _tick_for(heartbeat: Optional[int]) -> float:
+    """The reader's tick: often enough to send heartbeats on time (a quarter interval), at most 1 s."""
+    if not heartbeat:
+        return 1.0
+    return max(0.05, min(1.0, heartbeat / 4))

@@ -1,0 +1,671 @@
+"""Sans-IO AMQP 0-8 connection and channel state machine.
+
+Bytes in (``receive_data``), events out; commands in (``open_channel``, ``send_method``,
+``send_content``...), bytes out (``data_to_send``). The clock is an argument (``tick(now)``).
+No sockets, threads or time calls here.
+
+Responsibilities: the handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
+secure/secure-ok, tune/tune-ok negotiation, open/open-ok or redirect), close in both directions,
+channel open/flow/alert/close, content assembly (method + header + body frames) and splitting by
+frame-max, heartbeat scheduling and peer-silence detection, and protocol checks: every violation
+by the broker raises ``RemoteProtocolError`` naming the frame/method at fault; every misuse by the
+caller raises ``LocalProtocolError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from struct import error as StructError
+from typing import Callable, Optional
+
+from spark_mq.errors import LocalProtocolError, RemoteProtocolError
+from spark_mq.protocol.amqp08 import spec
+from spark_mq.protocol.amqp08.codec import Method, Properties, encode_table
+from spark_mq.protocol.amqp08.errors import (
+    AMQPChannelError,
+    AMQPConnectionError,
+    AMQPError,
+    AuthenticationError,
+)
+from spark_mq.protocol.amqp08.frames import (
+    HEARTBEAT_FRAME,
+    FrameReader,
+    content_frames,
+    decode_content_header,
+    method_frame,
+)
+
+_METHOD, _HEADER, _BODY, _HEARTBEAT = (int(spec.FrameType.METHOD), int(spec.FrameType.HEADER),
+                                       int(spec.FrameType.BODY), int(spec.FrameType.HEARTBEAT))
+_METHODS = spec.METHODS
+#: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
+_REPLIES = frozenset(r for m in _METHODS.values() for r in m.RESPONSES)
+
+#: RabbitMQ closes the socket silently on bad credentials unless the client announces this.
+CLIENT_CAPABILITIES = {"authentication_failure_close": True}
+
+
+class ConnState(enum.Enum):
+    AWAIT_START = "await-start"
+    AWAIT_TUNE = "await-tune"  # after start-ok: secure or tune
+    AWAIT_OPEN_OK = "await-open-ok"
+    OPEN = "open"
+    CLOSING = "closing"  # we sent connection.close
+    CLOSED = "closed"
+
+
+class ChanState(enum.Enum):
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+class Event:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{s}={getattr(self, s)!r}' for s in self.__slots__)})"
+
+
+class ConnectionOpened(Event):
+    __slots__ = ("known_hosts", "server_properties", "channel_max", "frame_max", "heartbeat")
+
+    def __init__(self, known_hosts, server_properties, channel_max, frame_max, heartbeat):
+        self.known_hosts = known_hosts
+        self.server_properties = server_properties
+        self.channel_max = channel_max
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+
+
+class ConnectionRedirected(Event):
+    __slots__ = ("host", "known_hosts")
+
+    def __init__(self, host, known_hosts):
+        self.host = host
+        self.known_hosts = known_hosts
+
+
+class ConnectionClosed(Event):
+    """The connection ended: ``error`` is None after our own close completed."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Optional[BaseException]):
+        self.error = error
+
+
+class ChannelOpened(Event):
+    __slots__ = ("channel",)
+
+    def __init__(self, channel):
+        self.channel = channel
+
+
+class ChannelClosed(Event):
+    """A channel ended: ``error`` is the broker's soft error, or None after our own close."""
+
+    __slots__ = ("channel", "error")
+
+    def __init__(self, channel, error: Optional[AMQPChannelError]):
+        self.channel = channel
+        self.error = error
+
+
+class MethodReceived(Event):
+    """A method without content (a synchronous reply, or a server-initiated one)."""
+
+    __slots__ = ("channel", "method")
+
+    def __init__(self, channel, method):
+        self.channel = channel
+        self.method = method
+
+
+class ContentReceived(Event):
+    """A content-bearing method with its assembled properties and body (deliver, get-ok, return...)."""
+
+    __slots__ = ("channel", "method", "properties", "body")
+
+    def __init__(self, channel, method, properties, body):
+        self.channel = channel
+        self.method = method
+        self.properties = properties
+        self.body = body
+
+
+class FlowChanged(Event):
+    """The broker asked us to stop (active=False) or resume publishing on a channel."""
+
+    __slots__ = ("channel", "active")
+
+    def __init__(self, channel, active):
+        self.channel = channel
+        self.active = active
+
+
+class Alert(Event):
+    __slots__ = ("channel", "reply_code", "reply_text", "details")
+
+    def __init__(self, channel, reply_code, reply_text, details):
+        self.channel = channel
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.details = details
+
+
+class HeartbeatTimeout(AMQPConnectionError):
+    """No frame arrived from the broker for two heartbeat intervals."""
+
+    def __init__(self, silent_for: float, heartbeat: int) -> None:
+        self.silent_for = silent_for
+        AMQPError.__init__(self, 0, f"no frame from the broker for {silent_for:.1f}s (heartbeat {heartbeat}s)")
+
+
+# -- authentication ----------------------------------------------------------------------------
+
+
+def plain_response(username: str, password: str) -> bytes:
+    return b"\x00" + username.encode() + b"\x00" + password.encode()
+
+
+def amqplain_response(username: str, password: str) -> bytes:
+    # AMQPLAIN is a field table without its 4-byte length prefix
+    return encode_table({"LOGIN": username, "PASSWORD": password})[4:]
+
+
+MECHANISMS: dict[str, Callable[[str, str], bytes]] = {"PLAIN": plain_response, "AMQPLAIN": amqplain_response}
+
+
+class _Channel:
+    __slots__ = ("number", "state", "pending", "content_method", "content_props", "content_size",
+                 "content_parts", "content_received", "flow_active")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.state = ChanState.OPENING
+        self.pending: deque = deque()  # response classes of the sync requests we sent, oldest first
+        self.content_method: Optional[Method] = None
+        self.content_props: Optional[Properties] = None
+        self.content_size = 0
+        self.content_parts: list = []
+        self.content_received = 0
+        self.flow_active = True
+
+
+class Connection:
+    """One AMQP 0-8 connection as a pure state machine.
+
+    Typical use by a driver::
+
+        conn = Connection(username, password, virtual_host="/")
+        sock.sendall(conn.initiate())
+        while True:
+            for event in conn.receive_data(sock.recv(65536)):
+                ...
+            sock.sendall(conn.data_to_send())
+    """
+
+    def __init__(
+        self,
+        username: str = "guest",
+        password: str = "guest",
+        virtual_host: str = "/",
+        *,
+        mechanism: str = "PLAIN",
+        locale: str = "en_US",
+        channel_max: int = 0,
+        frame_max: int = 131072,
+        heartbeat: Optional[int] = 60,
+        client_properties: Optional[dict] = None,
+        insist: bool = False,
+        secure_handler: Optional[Callable[[bytes], bytes]] = None,
+    ) -> None:
+        if mechanism not in MECHANISMS:
+            raise LocalProtocolError(f"unsupported SASL mechanism {mechanism!r}; use one of {sorted(MECHANISMS)}")
+        if frame_max and frame_max < spec.FRAME_MIN_SIZE:
+            raise LocalProtocolError(f"frame_max {frame_max} is below the protocol minimum {spec.FRAME_MIN_SIZE}")
+        self._username = username
+        self._password = password
+        self.virtual_host = virtual_host
+        self.mechanism = mechanism
+        self.locale = locale
+        self._want_channel_max = channel_max
+        self._want_frame_max = frame_max
+        self._want_heartbeat = heartbeat
+        props = {"product": "spark-mq", "platform": "Python", "capabilities": dict(CLIENT_CAPABILITIES)}
+        props.update(client_properties or {})
+        self.client_properties = props
+        self.insist = insist
+        self._secure_handler = secure_handler
+
+        self.state = ConnState.AWAIT_START
+        self.server_properties: dict = {}
+        self.server_mechanisms: list[str] = []
+        self.channel_max = 0
+        self.frame_max = 0
+        self.heartbeat = 0
+        self.close_error: Optional[BaseException] = None
+        self._reader = FrameReader()
+        self._out: list = []
+        self._channels: dict[int, _Channel] = {}
+        self._next_channel = 1
+        self._last_recv = None
+        self._last_send = None
+        self._header_checked = False
+
+    def __repr__(self) -> str:  # never shows the password
+        return f"<amqp08.Connection user={self._username!r} vhost={self.virtual_host!r} state={self.state.value}>"
+
+    # -- output -------------------------------------------------------------------------------
+
+    def initiate(self) -> bytes:
+        """The protocol header; the first bytes to send."""
+        if self.state is not ConnState.AWAIT_START or self._out:
+            raise LocalProtocolError("initiate() must be the first call on a new connection")
+        return spec.PROTOCOL_HEADER
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the wire since the last call, as one bytes object."""
+        if not self._out:
+            return b""
+        out = b"".join(self._out)
+        self._out.clear()
+        return out
+
+    def _send_method(self, channel: int, method: Method) -> None:
+        self._out.append(method_frame(channel, method.encode()))
+
+    # -- input --------------------------------------------------------------------------------
+
+    def receive_data(self, data, now: Optional[float] = None) -> list[Event]:
+        """Feed bytes from the broker; return the events they complete."""
+        if now is not None:
+            self._last_recv = now
+        if self.state is ConnState.CLOSED:
+            return []
+        if not self._header_checked:
+            if not data:
+                return []
+            if data[:1] == b"A":
+                # a server that does not speak 0-8 answers with the header it does speak
+                # (no frame type starts with "A", so one byte is enough to tell)
+                raise RemoteProtocolError(
+                    f"broker refused AMQP 0-8 and offered protocol header {bytes(data[:8])!r}"
+                )
+            self._header_checked = True
+        events: list[Event] = []
+        try:
+            for ftype, channel, payload in self._reader.feed(data):
+                if ftype == _METHOD:
+                    self._on_method_frame(channel, payload, events)
+                elif ftype == _BODY:
+                    self._on_body(channel, payload, events)
+                elif ftype == _HEADER:
+                    self._on_header(channel, payload, events)
+                elif ftype == _HEARTBEAT:
+                    if channel != 0:
+                        raise RemoteProtocolError(f"heartbeat frame on channel {channel}; must be channel 0")
+                else:
+                    raise RemoteProtocolError(f"unexpected frame type {ftype} on channel {channel}")
+                if self.state is ConnState.CLOSED:
+                    break
+        except (StructError, IndexError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+            raise RemoteProtocolError(f"malformed frame from the broker: {exc}") from exc
+        return events
+
+    def _decode_method(self, channel: int, payload) -> Method:
+        if len(payload) < 4:
+            raise RemoteProtocolError(f"method frame on channel {channel} is {len(payload)} bytes, too short")
+        index = (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
+        cls = _METHODS.get(index)
+        if cls is None:
+            raise RemoteProtocolError(f"unknown method ({index >> 16}, {index & 0xFFFF}) on channel {channel}")
+        method, end = cls.decode(payload, 4)
+        if end != len(payload):
+            raise RemoteProtocolError(
+                f"{cls.NAME} on channel {channel}: arguments take {end - 4} bytes but the frame has {len(payload) - 4}"
+            )
+        if not cls.SERVER_MAY_SEND:
+            raise RemoteProtocolError(f"broker sent {cls.NAME}, which only a client may send")
+        return method
+
+    def _on_method_frame(self, channel: int, payload, events: list) -> None:
+        method = self._decode_method(channel, payload)
+        if channel == 0:
+            if method.CLASS_ID != 10:
+                raise RemoteProtocolError(f"{method.NAME} arrived on channel 0, which carries connection methods only")
+            self._on_connection_method(method, events)
+            return
+        if method.CLASS_ID == 10:
+            raise RemoteProtocolError(f"{method.NAME} arrived on channel {channel}; connection methods use channel 0")
+        if self.state is not ConnState.OPEN and self.state is not ConnState.CLOSING:
+            raise RemoteProtocolError(f"{method.NAME} on channel {channel} before the connection is open")
+        ch = self._channels.get(channel)
+        if ch is None:
+            raise RemoteProtocolError(f"{method.NAME} on channel {channel}, which is not open")
+        if ch.content_method is not None:
+            raise RemoteProtocolError(
+                f"{method.NAME} on channel {channel} while the content of {ch.content_method.NAME} is incomplete"
+            )
+        self._on_channel_method(ch, method, events)
+
+    # -- connection class -----------------------------------------------------------------------
+
+    def _expect(self, method: Method, *classes) -> None:
+        if not isinstance(method, classes):
+            names = " or ".join(c.NAME for c in classes)
+            raise RemoteProtocolError(f"expected {names} in state {self.state.value}, got {method.NAME}")
+
+    def _on_connection_method(self, method: Method, events: list) -> None:
+        if isinstance(method, spec.ConnectionClose):
+            self._send_method(0, spec.ConnectionCloseOk())
+            error = self._make_error(method, 0)
+            if self.state is ConnState.AWAIT_TUNE and method.reply_code == spec.ReplyCode.ACCESS_REFUSED:
+                error = AuthenticationError(method.reply_code, method.reply_text, method.class_id,
+                                            method.method_id, error.method_name)
+            self._closed(error, events)
+            return
+        state = self.state
+        if state is ConnState.AWAIT_START:
+            self._expect(method, spec.ConnectionStart)
+            self._on_start(method)
+        elif state is ConnState.AWAIT_TUNE:
+            self._expect(method, spec.ConnectionSecure, spec.ConnectionTune)
+            if isinstance(method, spec.ConnectionSecure):
+                handler = self._secure_handler
+                response = handler(method.challenge) if handler else MECHANISMS[self.mechanism](
+                    self._username, self._password)
+                self._send_method(0, spec.ConnectionSecureOk(response=response))
+            else:
+                self._on_tune(method)
+        elif state is ConnState.AWAIT_OPEN_OK:
+            self._expect(method, spec.ConnectionOpenOk, spec.ConnectionRedirect)
+            if isinstance(method, spec.ConnectionRedirect):
+                self.state = ConnState.CLOSED
+                events.append(ConnectionRedirected(method.host, method.known_hosts))
+            else:
+                self.state = ConnState.OPEN
+                events.append(ConnectionOpened(method.known_hosts, self.server_properties,
+                                               self.channel_max, self.frame_max, self.heartbeat))
+        elif state is ConnState.CLOSING:
+            if isinstance(method, spec.ConnectionCloseOk):
+                self._closed(self.close_error, events)
+            # anything else is discarded while closing, as the spec requires
+        else:
+            raise RemoteProtocolError(f"unexpected {method.NAME} in connection state {state.value}")
+
+    def _on_start(self, method) -> None:
+        if (method.version_major, method.version_minor) != (spec.VERSION_MAJOR, spec.VERSION_MINOR):
+            raise RemoteProtocolError(
+                f"broker speaks AMQP {method.version_major}-{method.version_minor}, not 8-0"
+            )
+        self.server_properties = method.server_properties or {}
+        self.server_mechanisms = method.mechanisms.decode("utf-8", "replace").split()
+        if self.mechanism not in self.server_mechanisms:
+            raise AuthenticationError(
+                0, f"broker does not offer SASL mechanism {self.mechanism}; it offers {self.server_mechanisms}"
+            )
+        locales = method.locales.decode("utf-8", "replace").split()
+        locale = self.locale if self.locale in locales or not locales else locales[0]
+        response = MECHANISMS[self.mechanism](self._username, self._password)
+        self._send_method(0, spec.ConnectionStartOk(client_properties=self.client_properties,
+                                                     mechanism=self.mechanism, response=response, locale=locale))
+        self.state = ConnState.AWAIT_TUNE
+
+    def _on_tune(self, method) -> None:
+        self.channel_max = _negotiate(self._want_channel_max, method.channel_max)
+        self.frame_max = _negotiate(self._want_frame_max, method.frame_max)
+        if self.frame_max and self.frame_max < spec.FRAME_MIN_SIZE:
+            raise RemoteProtocolError(f"broker proposed frame-max {method.frame_max}, below {spec.FRAME_MIN_SIZE}")
+        if self._want_heartbeat is None:
+            self.heartbeat = method.heartbeat
+        elif self._want_heartbeat == 0:
+            self.heartbeat = 0
+        else:
+            self.heartbeat = _negotiate(self._want_heartbeat, method.heartbeat)
+        self._reader.frame_max = self.frame_max
+        self._send_method(0, spec.ConnectionTuneOk(channel_max=self.channel_max, frame_max=self.frame_max,
+                                                   heartbeat=self.heartbeat))
+        self._send_method(0, spec.ConnectionOpen(virtual_host=self.virtual_host, capabilities="",
+                                                 insist=self.insist))
+        self.state = ConnState.AWAIT_OPEN_OK
+
+    def _closed(self, error: Optional[BaseException], events: list) -> None:
+        self.state = ConnState.CLOSED
+        self.close_error = error
+        for ch in self._channels.values():
+            ch.state = ChanState.CLOSED
+        events.append(ConnectionClosed(error))
+
+    def _make_error(self, method, channel: int) -> AMQPError:
+        code = method.reply_code
+        cls = spec.ERRORS.get(code)
+        if cls is None:
+            cls = AMQPConnectionError if channel == 0 else AMQPChannelError
+        target = _METHODS.get((method.class_id << 16) | method.method_id)
+        return cls(code, method.reply_text, method.class_id, method.method_id,
+                   target.NAME if target else None, channel)
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def _on_channel_method(self, ch: _Channel, method: Method, events: list) -> None:
+        if isinstance(method, spec.ChannelClose):
+            self._send_method(ch.number, spec.ChannelCloseOk())
+            error = self._make_error(method, ch.number)
+            if not isinstance(error, AMQPChannelError):
+                # a hard code on channel.close: still a channel close, keep the code and text
+                error = AMQPChannelError(error.reply_code, error.reply_text, error.class_id,
+                                         error.method_id, error.method_name, ch.number)
+            del self._channels[ch.number]
+            ch.state = ChanState.CLOSED
+            events.append(ChannelClosed(ch.number, error))
+            return
+        if ch.state is ChanState.CLOSING:
+            if isinstance(method, spec.ChannelCloseOk):
+                del self._channels[ch.number]
+                ch.state = ChanState.CLOSED
+                events.append(ChannelClosed(ch.number, None))
+            return  # the spec says to discard everything else while closing
+        if isinstance(method, spec.ChannelFlow):
+            ch.flow_active = method.active
+            self._send_method(ch.number, spec.ChannelFlowOk(active=method.active))
+            events.append(FlowChanged(ch.number, method.active))
+            return
+        if isinstance(method, spec.ChannelAlert):
+            events.append(Alert(ch.number, method.reply_code, method.reply_text, method.details))
+            return
+        if ch.state is ChanState.OPENING:
+            self._expect(method, spec.ChannelOpenOk)
+            ch.pending.popleft()
+            ch.state = ChanState.OPEN
+            events.append(ChannelOpened(ch.number))
+            return
+        if type(method) in _REPLIES:
+            self._pop_pending(ch.pending, method, ch.number)
+        if method.HAS_CONTENT:
+            ch.content_method = method
+            return
+        events.append(MethodReceived(ch.number, method))
+
+    def _pop_pending(self, pending: deque, method: Method, channel: int) -> None:
+        if not pending or type(method) not in pending[0]:
+            wanted = " or ".join(c.NAME for c in pending[0]) if pending else "no reply"
+            raise RemoteProtocolError(f"broker sent {method.NAME} on channel {channel}; expected {wanted}")
+        pending.popleft()
+
+    def _on_header(self, channel: int, payload, events: list) -> None:
+        ch = self._channels.get(channel)
+        if ch is None or ch.content_method is None or ch.content_props is not None:
+            raise RemoteProtocolError(f"content header frame on channel {channel} without a content method")
+        class_id, size, o = decode_content_header(payload)
+        if class_id != ch.content_method.CLASS_ID:
+            raise RemoteProtocolError(
+                f"content header of class {class_id} after {ch.content_method.NAME} on channel {channel}"
+            )
+        props_cls = spec.PROPERTIES.get(class_id)
+        if props_cls is None:
+            raise RemoteProtocolError(f"content header for class {class_id}, which has no properties")
+        props, end = props_cls.decode(payload, o)
+        if end != len(payload):
+            raise RemoteProtocolError(
+                f"content header on channel {channel}: properties take {end} bytes, frame has {len(payload)}"
+            )
+        ch.content_props = props
+        ch.content_size = size
+        if size == 0:
+            self._content_done(ch, b"", events)
+
+    def _on_body(self, channel: int, payload, events: list) -> None:
+        ch = self._channels.get(channel)
+        if ch is None or ch.content_props is None:
+            raise RemoteProtocolError(f"content body frame on channel {channel} without a content header")
+        received = ch.content_received + len(payload)
+        if received > ch.content_size:
+            raise RemoteProtocolError(
+                f"content body on channel {channel} is {received} bytes, more than the {ch.content_size} announced"
+            )
+        if received == ch.content_size:
+            if ch.content_parts:
+                ch.content_parts.append(payload)
+                payload = b"".join(ch.content_parts)
+                ch.content_parts = []
+            self._content_done(ch, payload, events)
+        else:
+            ch.content_parts.append(payload)
+            ch.content_received = received
+
+    def _content_done(self, ch: _Channel, body: bytes, events: list) -> None:
+        events.append(ContentReceived(ch.number, ch.content_method, ch.content_props, body))
+        ch.content_method = None
+        ch.content_props = None
+        ch.content_received = 0
+        ch.content_size = 0
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def open_channel(self, number: Optional[int] = None) -> int:
+        """Queue channel.open; returns the channel number. ``ChannelOpened`` follows."""
+        self._require_open()
+        if number is None:
+            number = self._allocate_channel()
+        elif number in self._channels:
+            raise LocalProtocolError(f"channel {number} is already in use")
+        if number < 1 or (self.channel_max and number > self.channel_max) or number > 0xFFFF:
+            raise LocalProtocolError(f"channel number {number} outside 1..{self.channel_max or 65535}")
+        ch = _Channel(number)
+        self._channels[number] = ch
+        ch.pending.append(spec.ChannelOpen.RESPONSES)
+        self._send_method(number, spec.ChannelOpen(out_of_band=""))
+        return number
+
+    def _allocate_channel(self) -> int:
+        limit = self.channel_max or 0xFFFF
+        for _ in range(limit):
+            number = self._next_channel
+            self._next_channel = 1 if number >= limit else number + 1
+            if number not in self._channels:
+                return number
+        raise LocalProtocolError(f"all {limit} channels are in use")
+
+    def close_channel(self, channel: int, reply_code: int = 200, reply_text: str = "bye") -> None:
+        ch = self._channel(channel)
+        if ch.state is ChanState.CLOSING:
+            return
+        ch.state = ChanState.CLOSING
+        self._send_method(channel, spec.ChannelClose(reply_code=reply_code, reply_text=reply_text))
+
+    def send_method(self, channel: int, method: Method) -> None:
+        """Queue a method without content. Synchronous requests expect their response next."""
+        if not method.CLIENT_MAY_SEND:
+            raise LocalProtocolError(f"{method.NAME} is sent by the server, not a client")
+        if method.HAS_CONTENT:
+            raise LocalProtocolError(f"{method.NAME} carries content: use send_content()")
+        if method.CLASS_ID == 10 or channel == 0:
+            raise LocalProtocolError(
+                f"{method.NAME} on channel {channel}: connection methods are the state machine's own, "
+                "everything else needs an open channel"
+            )
+        ch = self._channel(channel)
+        if ch.state is not ChanState.OPEN:
+            raise LocalProtocolError(f"channel {channel} is {ch.state.value}, cannot send {method.NAME}")
+        if method.RESPONSES and not getattr(method, "nowait", False):
+            ch.pending.append(method.RESPONSES)
+        self._out.append(method_frame(channel, method.encode()))
+
+    def send_content(self, channel: int, method: Method, properties: Optional[Properties], body) -> None:
+        """Queue a content method (basic.publish...) with its header and body frames."""
+        ch = self._channel(channel)
+        if ch.state is not ChanState.OPEN:
+            raise LocalProtocolError(f"channel {channel} is {ch.state.value}, cannot send {method.NAME}")
+        if not method.HAS_CONTENT or not method.CLIENT_MAY_SEND:
+            raise LocalProtocolError(f"{method.NAME} is not a content method a client may send")
+        if properties is None:
+            properties = spec.PROPERTIES[method.CLASS_ID]()
+        elif properties.CLASS_ID != method.CLASS_ID:
+            raise LocalProtocolError(f"{type(properties).__name__} cannot go with {method.NAME}")
+        if method.RESPONSES:
+            ch.pending.append(method.RESPONSES)
+        out = self._out
+        out.append(method_frame(channel, method.encode()))
+        out += content_frames(channel, method.CLASS_ID, properties.encode(), body, self.frame_max)
+
+    def close(self, reply_code: int = 200, reply_text: str = "normal shutdown") -> None:
+        """Queue connection.close; ``ConnectionClosed(None)`` follows close-ok."""
+        if self.state in (ConnState.CLOSING, ConnState.CLOSED):
+            return
+        self.state = ConnState.CLOSING
+        self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=reply_text))
+
+    def channel_state(self, channel: int) -> ChanState:
+        ch = self._channels.get(channel)
+        return ch.state if ch else ChanState.CLOSED
+
+    def flow_active(self, channel: int) -> bool:
+        return self._channel(channel).flow_active
+
+    def _channel(self, channel: int) -> _Channel:
+        ch = self._channels.get(channel)
+        if ch is None:
+            raise LocalProtocolError(f"channel {channel} is not open")
+        return ch
+
+    def _require_open(self) -> None:
+        if self.state is not ConnState.OPEN:
+            raise LocalProtocolError(f"connection is {self.state.value}, not open")
+
+    # -- heartbeats ---------------------------------------------------------------------------
+
+    def note_sent(self, now: float) -> None:
+        self._last_send = now
+
+    def tick(self, now: float) -> None:
+        """Queue a heartbeat when we have been silent for an interval; raise ``HeartbeatTimeout``
+        when the broker has been silent for two intervals."""
+        hb = self.heartbeat
+        if not hb or self.state is ConnState.CLOSED:
+            return
+        if self._last_recv is None:
+            self._last_recv = now
+        if self._last_send is None:
+            self._last_send = now
+        silent = now - self._last_recv
+        if silent > 2 * hb:
+            raise HeartbeatTimeout(silent, hb)
+        if now - self._last_send >= hb / 2:
+            self._out.append(HEARTBEAT_FRAME)
+            self._last_send = now
+
+
+def _negotiate(ours: int, theirs: int) -> int:
+    """The smaller of two limits where 0 means 'no limit'."""
+    if not ours:
+        return theirs
+    if not theirs:
+        return ours
+    return min(ours, theirs)
