@@ -1,0 +1,471 @@
+"""Blocking STOMP 1.0 client: the sans-IO ``StompSession`` driven over ``StreamDriver`` (TCP/TLS,
+reader thread), with a small synchronous API.
+
+    with StompClient("127.0.0.1", 61613, login="guest", passcode="guest") as c:
+        c.subscribe("/queue/a", ack="client", prefetch=100)
+        c.send("/queue/a", b"\\x00binary\\x00")
+        msg = c.receive(timeout=5)
+        c.ack(msg)
+
+Threads: the reader thread parses frames and queues MESSAGE frames for ``receive``; calls from
+the application serialise on a write lock.  The session lock is never held while writing to the
+socket, so a broker that blocks on a full socket cannot deadlock us against our own reader.
+
+Loses nothing: ``disconnect`` first settles open transactions (abort by default, the behaviour
+both measured brokers already have, made explicit), then sends DISCONNECT with a receipt and waits
+for it, so every frame sent before was processed; messages already received stay readable with
+``receive`` after the disconnect.  An ERROR frame is raised as ``StompError`` to the call waiting
+for the receipt it names, or (no receipt-id) to every waiter and the next call.
+
+It must not parse frames itself or know socket details beyond ``spark_mq.transport.stream``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator, List, Optional, Union
+from urllib.parse import unquote, urlsplit
+
+from spark_mq.errors import ConnectionClosedError, OptionError
+from spark_mq.protocol.stomp10 import (
+    DEFAULT_MAX_FRAME_SIZE,
+    AckMode,
+    BrokerProfile,
+    Command,
+    Frame,
+    Header,
+    IncompleteFrameError,
+    StompError,
+    StompLocalProtocolError,
+    StompRemoteProtocolError,
+    StompSession,
+)
+from spark_mq.protocol.stomp10._session import Body, State
+from spark_mq.transport.stream import StreamDriver, TlsOptions, open_socket
+
+DEFAULT_PORT = 61613
+DEFAULT_TIMEOUT = 30.0
+
+#: What ``disconnect`` does with transactions still open.
+ON_OPEN_TRANSACTION = ("abort", "commit", "error")
+
+_URI_SCHEMES = {"stomp": False, "stomp+ssl": True, "stomp+tls": True}
+
+
+class _Waiter:
+    __slots__ = ("event", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.error: Optional[BaseException] = None
+
+
+class StompClient:
+    """A STOMP 1.0 connection.  Call ``connect()`` (or use ``with``) before anything else."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        login: Optional[str] = None,
+        passcode: Optional[str] = None,
+        tls: Optional[TlsOptions] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        broker: Optional[BrokerProfile] = None,
+        connect_headers: Optional[dict] = None,
+        on_open_transaction: str = "abort",
+    ) -> None:
+        if on_open_transaction not in ON_OPEN_TRANSACTION:
+            raise OptionError(f"on_open_transaction must be one of {ON_OPEN_TRANSACTION}, not {on_open_transaction!r}")
+        self.host = host
+        self.port = port
+        self._login = login
+        self._passcode = passcode
+        self._tls = tls
+        self.timeout = timeout
+        self._connect_headers = connect_headers
+        self._on_open_tx = on_open_transaction
+        self._session = StompSession(max_frame_size=max_frame_size, broker=broker)
+        self._lock = threading.Lock()  # guards the session
+        self._write_lock = threading.Lock()  # orders frames from application threads
+        self._driver: Optional[StreamDriver] = None
+        self._inbox: collections.deque = collections.deque()
+        self._inbox_cond = threading.Condition(threading.Lock())
+        self._waiters: dict = {}  # receipt id -> _Waiter
+        self._connected = _Waiter()
+        self._error: Optional[BaseException] = None  # an ERROR frame nobody waited for
+        self._closed: Optional[BaseException] = None  # why the stream ended
+
+    @classmethod
+    def from_uri(cls, uri: str, **kwargs) -> "StompClient":
+        """``stomp://user:pass@host:61613`` or ``stomp+ssl://...`` (TLS with default checks)."""
+        parts = urlsplit(uri)
+        if parts.scheme not in _URI_SCHEMES:
+            raise OptionError(f"uri scheme must be one of {sorted(_URI_SCHEMES)}, not {parts.scheme!r}")
+        if _URI_SCHEMES[parts.scheme] and "tls" not in kwargs:
+            kwargs["tls"] = TlsOptions()
+        if parts.username is not None:
+            kwargs.setdefault("login", unquote(parts.username))
+        if parts.password is not None:
+            kwargs.setdefault("passcode", unquote(parts.password))
+        return cls(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"StompClient({self.host}:{self.port}, login={self._login!r}, state={self._session.state.value})"
+
+    # -- connection --------------------------------------------------------------------------
+    def connect(self) -> "StompClient":
+        sock = open_socket(self.host, self.port, timeout=self.timeout, tls=self._tls)
+        self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}")
+        with self._lock:
+            data = self._session.connect(self._login, self._passcode, self._connect_headers)
+        self._driver.start()
+        self._driver.send(data)
+        if not self._connected.event.wait(self.timeout):
+            self._driver.abort(ConnectionClosedError("no CONNECTED frame"))
+            raise ConnectionClosedError(f"no CONNECTED from {self.host}:{self.port} within {self.timeout}s")
+        if self._connected.error is not None:
+            self._driver.close()
+            raise self._connected.error
+        return self
+
+    def __enter__(self) -> "StompClient":
+        return self.connect()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._driver is None or not self._driver.alive:
+            return
+        if exc_type is None:
+            self.disconnect()
+        else:
+            self.close()
+
+    @property
+    def session_id(self) -> Optional[str]:
+        return self._session.session_id
+
+    @property
+    def server(self) -> Optional[str]:
+        return self._session.server
+
+    @property
+    def broker(self) -> BrokerProfile:
+        return self._session.broker
+
+    @property
+    def connected(self) -> bool:
+        return self._session.state is State.CONNECTED and self._closed is None
+
+    @property
+    def open_transactions(self) -> frozenset:
+        return frozenset(self._session.transactions)
+
+    def disconnect(self, timeout: Optional[float] = None) -> None:
+        """Settle open transactions, DISCONNECT with a receipt, wait for it, close the socket."""
+        timeout = self.timeout if timeout is None else timeout
+        try:
+            for tx in sorted(self._session.transactions):
+                if self._on_open_tx == "error":
+                    raise StompLocalProtocolError(f"transaction {tx!r} is still open at disconnect", command=Command.DISCONNECT.value)
+                if self._on_open_tx == "commit":
+                    self.commit(tx, receipt=False)
+                else:
+                    self.abort(tx, receipt=False)
+            self._call(lambda s, r: s.disconnect(receipt=r), receipt=True, timeout=timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket at once (no DISCONNECT)."""
+        if self._driver is not None:
+            self._driver.close()
+
+    # -- operations --------------------------------------------------------------------------
+    def send(
+        self,
+        destination: str,
+        body: Body = b"",
+        *,
+        headers: Optional[dict] = None,
+        transaction: Optional[str] = None,
+        receipt: bool = False,
+        content_length: Optional[bool] = None,
+    ) -> None:
+        """SEND one message.  ``receipt=True`` waits until the broker has taken it."""
+        if not receipt and headers is None and transaction is None and content_length is None:
+            self._raise_pending()
+            with self._write_lock:
+                with self._lock:
+                    data = self._session.send(destination, body)
+                self._driver.send(data)
+            return
+        self._call(
+            lambda s, r: s.send(destination, body, headers=headers, transaction=transaction, receipt=r, content_length=content_length),
+            receipt=receipt,
+        )
+
+    def send_many(
+        self,
+        destination: str,
+        bodies: Iterable[Union[bytes, bytearray, memoryview]],
+        *,
+        transaction: Optional[str] = None,
+        receipt: bool = False,
+        batch_bytes: int = 256 * 1024,
+    ) -> int:
+        """SEND many bytes bodies, coalesced into writes of about ``batch_bytes``; returns the
+        count.  ``receipt=True`` ends with a receipt round trip (a flush barrier)."""
+        self._raise_pending()
+        count = 0
+        batch: List = []
+        size = 0
+        for body in bodies:
+            batch.append(body)
+            size += len(body) + 64
+            if size >= batch_bytes:
+                self._write_batch(destination, batch, transaction)
+                count += len(batch)
+                batch = []
+                size = 0
+        if batch:
+            self._write_batch(destination, batch, transaction)
+            count += len(batch)
+        if receipt:
+            self.flush()
+        return count
+
+    def _write_batch(self, destination: str, batch: list, transaction: Optional[str]) -> None:
+        with self._write_lock:
+            with self._lock:
+                data = self._session.send_many(destination, batch, transaction=transaction)
+            self._driver.send(data)
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Wait until the broker has processed every frame sent so far (an empty BEGIN/ABORT
+        pair with a receipt: STOMP 1.0 has no other frame without side effects)."""
+        tx, data = None, None
+        with self._write_lock:
+            with self._lock:
+                tx, data = self._session.begin()
+            self._driver.send(data)
+        self.abort(tx, receipt=True, timeout=timeout)
+
+    def subscribe(
+        self,
+        destination: str,
+        *,
+        ack: Union[AckMode, str] = AckMode.AUTO,
+        id: Optional[str] = None,
+        selector: Optional[str] = None,
+        prefetch: Optional[int] = None,
+        headers: Optional[dict] = None,
+        receipt: bool = True,
+    ) -> str:
+        """SUBSCRIBE; returns the subscription id.  With ``receipt`` (default) a refusal raises
+        here rather than later."""
+        out: list = []
+
+        def op(s: StompSession, r: Optional[str]) -> bytes:
+            sub_id, data = s.subscribe(destination, id=id, ack=ack, selector=selector, prefetch=prefetch, headers=headers, receipt=r)
+            out.append(sub_id)
+            return data
+
+        self._call(op, receipt=receipt)
+        return out[0]
+
+    def unsubscribe(self, id: Optional[str] = None, *, destination: Optional[str] = None, receipt: bool = True) -> None:
+        self._call(lambda s, r: s.unsubscribe(id=id, destination=destination, receipt=r), receipt=receipt)
+
+    def begin(self, transaction: Optional[str] = None, *, receipt: bool = False) -> str:
+        out: list = []
+
+        def op(s: StompSession, r: Optional[str]) -> bytes:
+            tx, data = s.begin(transaction, receipt=r)
+            out.append(tx)
+            return data
+
+        self._call(op, receipt=receipt)
+        return out[0]
+
+    def commit(self, transaction: str, *, receipt: bool = True, timeout: Optional[float] = None) -> None:
+        self._call(lambda s, r: s.commit(transaction, receipt=r), receipt=receipt, timeout=timeout)
+
+    def abort(self, transaction: str, *, receipt: bool = True, timeout: Optional[float] = None) -> None:
+        self._call(lambda s, r: s.abort(transaction, receipt=r), receipt=receipt, timeout=timeout)
+
+    @contextmanager
+    def transaction(self) -> Iterator[str]:
+        """BEGIN ... COMMIT (with a receipt); ABORT if the block raises."""
+        tx = self.begin()
+        try:
+            yield tx
+        except BaseException:
+            if self.connected and tx in self._session.transactions:
+                self.abort(tx)
+            raise
+        self.commit(tx)
+
+    def ack(self, message: Union[Frame, str], *, subscription: Optional[str] = None, transaction: Optional[str] = None, receipt: bool = False) -> None:
+        """Acknowledge ``message`` and every earlier unacknowledged message of its subscription.
+        Pass the MESSAGE frame, or its message-id (then ``subscription`` helps find it)."""
+        if isinstance(message, Frame):
+            message_id = message.headers[Header.MESSAGE_ID]
+            subscription = subscription or message.headers.get(Header.SUBSCRIPTION)
+        else:
+            message_id = message
+        self._call(lambda s, r: s.ack(message_id, subscription=subscription, transaction=transaction, receipt=r), receipt=receipt)
+
+    def receive(self, timeout: Optional[float] = None) -> Optional[Frame]:
+        """The next MESSAGE frame, or ``None`` after ``timeout`` seconds.  Raises the ERROR or
+        connection loss that ended the stream once every message before it is taken."""
+        inbox = self._inbox
+        try:
+            return inbox.popleft()
+        except IndexError:
+            pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._inbox_cond:
+            while not inbox:
+                self._raise_pending()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._inbox_cond.wait(remaining)
+            return inbox.popleft()
+
+    def receive_many(self, max_count: int, timeout: Optional[float] = None) -> List[Frame]:
+        """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then takes
+        whatever else is already here."""
+        first = self.receive(timeout)
+        if first is None:
+            return []
+        out = [first]
+        inbox = self._inbox
+        popleft = inbox.popleft
+        try:
+            while len(out) < max_count:
+                out.append(popleft())
+        except IndexError:
+            pass
+        return out
+
+    @property
+    def pending_messages(self) -> int:
+        return len(self._inbox)
+
+    # -- machinery ---------------------------------------------------------------------------
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed is not None:
+            raise self._closed
+        if self._driver is None:
+            raise StompLocalProtocolError("not connected: call connect() first")
+
+    def _call(self, op, *, receipt: bool, timeout: Optional[float] = None) -> None:
+        """Run ``op(session, receipt_id)`` for its bytes, write them, and with ``receipt`` wait."""
+        self._raise_pending()
+        waiter = None
+        with self._write_lock:
+            with self._lock:
+                rid = self._session.next_id("r") if receipt else None
+                data = op(self._session, rid)
+                if rid is not None:
+                    waiter = self._waiters[rid] = _Waiter()
+            self._driver.send(data)
+        if waiter is not None:
+            timeout = self.timeout if timeout is None else timeout
+            if not waiter.event.wait(timeout):
+                self._waiters.pop(rid, None)
+                self._raise_pending()
+                raise ConnectionClosedError(f"no RECEIPT {rid!r} within {timeout}s")
+            if waiter.error is not None:
+                raise waiter.error
+
+    def _on_data(self, data: bytes) -> None:
+        error = None
+        with self._lock:
+            try:
+                frames = self._session.receive_data(data)
+            except StompRemoteProtocolError as exc:
+                frames = self._session.take_parsed()
+                error = exc
+        self._dispatch(frames)
+        if error is not None:
+            raise error  # the driver ends the stream with it; _on_closed tells everyone
+
+    def _dispatch(self, frames: List[Frame]) -> None:
+        messages = []
+        append = messages.append
+        message = Command.MESSAGE
+        for frame in frames:
+            command = frame.command
+            if command is message:
+                append(frame)
+            elif command is Command.RECEIPT:
+                waiter = self._waiters.pop(frame.headers[Header.RECEIPT_ID], None)
+                if waiter is not None:
+                    waiter.event.set()
+            elif command is Command.ERROR:
+                self._on_error(frame)
+            else:  # CONNECTED
+                self._connected.event.set()
+        if messages:
+            self._inbox.extend(messages)
+            with self._inbox_cond:
+                self._inbox_cond.notify_all()
+
+    def _on_error(self, frame: Frame) -> None:
+        error = frame.to_error()
+        if self._session.state is State.CONNECTING:
+            self._connected.error = error
+            self._connected.event.set()
+            return
+        rid = frame.headers.get(Header.RECEIPT_ID)
+        waiter = self._waiters.pop(rid, None) if rid is not None else None
+        if waiter is not None:
+            waiter.error = error
+            waiter.event.set()
+            return
+        # An ERROR naming no receipt we wait for: it concerns some earlier frame, and brokers
+        # usually close next.  Everyone waiting, and the next call, gets it.
+        self._error = error
+        self._wake_all(error)
+
+    def _on_closed(self, exc: Optional[BaseException]) -> None:
+        with self._lock:
+            disconnecting = self._session.state is State.DISCONNECTING
+            try:
+                self._session.receive_eof()
+            except IncompleteFrameError as incomplete:
+                if exc is None or isinstance(exc, ConnectionClosedError):
+                    exc = incomplete
+        if exc is None or (disconnecting and isinstance(exc, ConnectionClosedError)):
+            closed: BaseException = ConnectionClosedError("connection closed")
+        elif isinstance(exc, ConnectionClosedError):
+            closed = exc
+        else:
+            closed = ConnectionClosedError(f"connection dropped: {exc}")
+            closed.__cause__ = exc
+        self._closed = closed
+        if self._driver is not None and exc is not None:
+            self._driver.abort(closed)  # close the socket if the driver has not (protocol error)
+        self._connected.error = self._connected.error or self._error or closed
+        self._connected.event.set()
+        self._wake_all(self._error or closed)
+
+    def _wake_all(self, error: BaseException) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            waiter.error = error
+            waiter.event.set()
+        with self._inbox_cond:
+            self._inbox_cond.notify_all()
+
+
+__all__ = ["StompClient", "StompError", "TlsOptions", "AckMode", "Frame", "DEFAULT_MAX_FRAME_SIZE"]
