@@ -18,6 +18,7 @@ What is emitted, per the house style (pika's straight-line generated code, pamqp
 from __future__ import annotations
 
 import argparse
+import builtins
 import keyword
 import sys
 import xml.etree.ElementTree as ET
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "amqp0-8.xml"
+OVERLAY = ROOT / "specs" / "amqp0-8-rabbitmq.xml"
 OUT = ROOT / "spark_mq" / "protocol" / "amqp08" / "spec.py"
 
 FIXED = {"octet": "B", "short": "H", "long": "I", "longlong": "Q", "timestamp": "Q"}
@@ -78,6 +80,12 @@ def load(path: Path):
                 "chassis": sorted(ch.get("name") for ch in m.findall("chassis")),
                 "fields": [Field(f.get("name"), field_type(f)) for f in m.findall("field")],
             })
+        # The 0-8 XML marks exchange.bound synchronous but names no response although bound-ok
+        # exists: a synchronous "x" with no response answers with "x-ok" when the class has one.
+        names = {m["name"] for m in methods}
+        for m in methods:
+            if m["sync"] and not m["responses"] and not m["name"].endswith("-ok") and m["name"] + "-ok" in names:
+                m["responses"] = [m["name"] + "-ok"]
         classes.append({"name": c.get("name"), "index": int(c.get("index")), "props": props, "methods": methods})
     return (int(root.get("major")), int(root.get("minor")), int(root.get("port"))), constants, classes
 
@@ -182,8 +190,9 @@ def emit_encode_fields(e: Emitter, fields, indent: str, target: str) -> None:
         e.w(f"{indent}{target}.append({s}.pack({', '.join(args)}))")
 
 
-def generate(spec_path: Path = SPEC) -> str:
+def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     (major, minor, port), constants, classes = load(spec_path)
+    _v, _c, overlay = load(overlay_path)
     e = Emitter()
     body = Emitter()
     body.structs = e.structs
@@ -226,16 +235,20 @@ def generate(spec_path: Path = SPEC) -> str:
     body.w()
     body.w("# -- methods " + "-" * 68)
     registry = []
-    for c in classes:
-        for m in c["methods"]:
-            cname = camel(c["name"]) + camel(m["name"])
-            registry.append((c, m, cname))
+    rabbit_registry = []
+    todo = [(c, m, "") for c in classes for m in c["methods"]]
+    todo += [(c, m, "Rabbit") for c in overlay for m in c["methods"]]
+    for c, m, prefix in todo:
+        if True:
+            cname = prefix + camel(c["name"]) + camel(m["name"])
+            (rabbit_registry if prefix else registry).append((c, m, cname))
             fields = m["fields"]
             index = (c["index"] << 16) | m["index"]
             body.w()
             body.w()
             body.w(f"class {cname}(Method):")
-            body.w(f'    """{c["name"]}.{m["name"]} ({c["index"]}, {m["index"]}); received by the {" and ".join(m["chassis"])}."""')
+            dialect = "RabbitMQ's " if prefix else ""
+            body.w(f'    """{dialect}{c["name"]}.{m["name"]} ({c["index"]}, {m["index"]}); received by the {" and ".join(m["chassis"])}."""')
             body.w()
             body.w(f"    __slots__ = ({''.join(repr(f.attr) + ', ' for f in fields)})")
             body.w(f"    NAME = {c['name'] + '.' + m['name']!r}")
@@ -275,9 +288,13 @@ def generate(spec_path: Path = SPEC) -> str:
     # responses, once every class exists
     body.w()
     body.w()
-    for c, m, cname in registry:
+    defined = {cname for _c, _m, cname in registry + rabbit_registry}
+    for c, m, cname in registry + rabbit_registry:
         if m["responses"]:
-            resp = ", ".join(camel(c["name"]) + camel(r) for r in m["responses"])
+            names = [camel(c["name"]) + camel(r) for r in m["responses"]]
+            if cname.startswith("Rabbit"):  # the dialect's own reply if it has one, else the spec's
+                names = ["Rabbit" + n if "Rabbit" + n in defined else n for n in names]
+            resp = ", ".join(names)
             body.w(f"{cname}.RESPONSES = ({resp},)")
     body.w()
     body.w("#: (class id << 16 | method id) -> method class")
@@ -285,6 +302,16 @@ def generate(spec_path: Path = SPEC) -> str:
     for _c, _m, cname in registry:
         body.w(f"    {cname},")
     body.w(")}")
+    body.w("#: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.")
+    body.w("RABBITMQ_METHODS = {cls.NAME: cls for cls in (")
+    for _c, _m, cname in rabbit_registry:
+        body.w(f"    {cname},")
+    body.w(")}")
+    body.w("#: replies only RabbitMQ sends, decoded alongside the spec's methods")
+    body.w("for _cls in RABBITMQ_METHODS.values():")
+    body.w("    if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:")
+    body.w("        METHODS[_cls.INDEX] = _cls")
+    body.w("del _cls")
     body.w("#: 'class.method' -> method class")
     body.w("METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}")
 
@@ -370,7 +397,7 @@ def generate(spec_path: Path = SPEC) -> str:
     for name, value, cls in constants:
         if cls not in ("soft error", "hard error"):
             continue
-        ename = camel(name) + "Error"
+        ename = error_class_name(name)
         base = "AMQPChannelError" if cls == "soft error" else "AMQPConnectionError"
         err_names.append((value, ename))
         body.w()
@@ -419,6 +446,18 @@ def generate(spec_path: Path = SPEC) -> str:
         e.w(f'_S_{fmt} = Struct(">{fmt}")')
     e.w()
     return "\n".join(e.lines + body.lines).rstrip("\n") + "\n"
+
+
+#: reply-code names whose natural class name would mislead (504 is a hard error despite its name)
+_ERROR_NAMES = {"channel error": "ChannelProtocolError"}
+
+
+def error_class_name(name: str) -> str:
+    """'not found' -> NotFoundError; names that clash with Python builtins get an AMQP prefix."""
+    if name in _ERROR_NAMES:
+        return _ERROR_NAMES[name]
+    ename = camel(name) if name.endswith("error") else camel(name) + "Error"
+    return "AMQP" + ename if hasattr(builtins, ename) else ename
 
 
 def encode_prop(e: Emitter, f: Field) -> str:

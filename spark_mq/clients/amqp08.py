@@ -122,7 +122,10 @@ class Connection:
         connect_timeout: float = 10.0,
         client_properties: Optional[dict] = None,
         insist: bool = False,
+        dialect: str = "auto",
     ) -> None:
+        if dialect not in ("auto", "spec", "rabbitmq"):
+            raise LocalProtocolError(f"dialect must be auto, spec or rabbitmq, not {dialect!r}")
         self.host = host
         self.port = port
         self.virtual_host = virtual_host
@@ -162,6 +165,10 @@ class Connection:
         if self._error is not None:
             self._driver.close()
             raise self._error
+        if dialect == "auto":
+            dialect = "rabbitmq" if self.server_properties.get("product") == "RabbitMQ" else "spec"
+        #: "rabbitmq": speak RabbitMQ's 0-8 (specs/amqp0-8-rabbitmq.xml) where it differs from the spec
+        self.dialect = dialect
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> "Connection":
@@ -368,11 +375,13 @@ class Channel:
 
     # -- generic request/response -------------------------------------------------------------
 
-    def call(self, method: Method, timeout: float = DEFAULT_TIMEOUT):
+    def call(self, method: Method, timeout: float = DEFAULT_TIMEOUT, *, barrier: bool = False):
         """Send any client method; wait for and return its reply (None for asynchronous methods).
 
         Also the way to reach the 0-8 classes RabbitMQ does not implement (file, stream, dtx,
-        tunnel, test): the broker answers with a close, raised here as its exception.
+        tunnel, test): the broker answers with a close, raised here as its exception. With
+        ``barrier=True`` an asynchronous method is followed by a harmless synchronous round trip
+        (channel.flow active=true), so a broker's rejection is raised here rather than later.
         """
         conn = self.connection
         with conn._cv:
@@ -380,6 +389,8 @@ class Channel:
             conn._proto.send_method(self.number, method)
             conn._flush()
             if not method.RESPONSES or getattr(method, "nowait", False):
+                if barrier:
+                    self.call(spec.ChannelFlow(active=True), timeout)
                 return None
             return self._await_reply(method.RESPONSES, timeout, method.NAME)
 
@@ -397,7 +408,8 @@ class Channel:
             raise LocalProtocolError(f"reply {rtype.NAME} does not answer {name}")
         return reply
 
-    def call_content(self, method: Method, properties, body, timeout: float = DEFAULT_TIMEOUT):
+    def call_content(self, method: Method, properties, body, timeout: float = DEFAULT_TIMEOUT, *,
+                     barrier: bool = False):
         """Send a content-bearing method (e.g. test.content) and wait for its reply, if any."""
         conn = self.connection
         with conn._cv:
@@ -405,6 +417,8 @@ class Channel:
             conn._proto.send_content(self.number, method, properties, body)
             conn._flush()
             if not method.RESPONSES:
+                if barrier:
+                    self.call(spec.ChannelFlow(active=True), timeout)
                 return None
             return self._await_reply(method.RESPONSES, timeout, method.NAME)
 
@@ -440,6 +454,14 @@ class Channel:
         self.call(spec.QueueBind(ticket=self.ticket, queue=queue, exchange=exchange, routing_key=routing_key,
                                  nowait=nowait, arguments=arguments))
 
+    def queue_unbind(self, queue: str, exchange: str, routing_key: str = "", *,
+                     arguments: Optional[dict] = None) -> None:
+        """Remove a binding (a RabbitMQ extension of 0-8; the spec has no queue.unbind)."""
+        if self.connection.dialect != "rabbitmq":
+            raise LocalProtocolError("queue.unbind is a RabbitMQ extension, not part of AMQP 0-8")
+        self.call(spec.RabbitQueueUnbind(ticket=self.ticket, queue=queue, exchange=exchange,
+                                         routing_key=routing_key, arguments=arguments))
+
     def queue_purge(self, queue: str, *, nowait: bool = False) -> Optional[int]:
         ok = self.call(spec.QueuePurge(ticket=self.ticket, queue=queue, nowait=nowait))
         return ok.message_count if ok is not None else None
@@ -458,9 +480,15 @@ class Channel:
     def basic_consume(self, queue: str, consumer_tag: str = "", *, no_ack: bool = False, no_local: bool = False,
                       exclusive: bool = False, arguments: Optional[dict] = None) -> str:
         """Start a consumer; deliveries are read with ``next_message``/``consume``. Returns the tag."""
-        ok = self.call(spec.BasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
-                                         no_local=no_local, no_ack=no_ack, exclusive=exclusive,
-                                         arguments=arguments))
+        if self.connection.dialect == "rabbitmq":
+            if arguments:
+                raise LocalProtocolError("RabbitMQ's AMQP 0-8 basic.consume has no arguments table")
+            method = spec.RabbitBasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
+                                             no_local=no_local, no_ack=no_ack, exclusive=exclusive)
+        else:
+            method = spec.BasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
+                                       no_local=no_local, no_ack=no_ack, exclusive=exclusive, arguments=arguments)
+        ok = self.call(method)
         self._consumers.add(ok.consumer_tag)
         return ok.consumer_tag
 
@@ -526,8 +554,12 @@ class Channel:
         self.call(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
 
     def basic_recover(self, requeue: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Redeliver unacknowledged messages (requeue=True: possibly to other consumers)."""
-        self.call(spec.BasicRecover(requeue=requeue), timeout)
+        """Redeliver unacknowledged messages (requeue=True: possibly to other consumers) and wait
+        for recover-ok (RabbitMQ's synchronous 110/111 in its dialect, the spec's 100/101 otherwise)."""
+        if self.connection.dialect == "rabbitmq":
+            self.call(spec.RabbitBasicRecover(requeue=requeue), timeout)
+        else:
+            self.call(spec.BasicRecover(requeue=requeue), timeout)
 
     def next_message(self, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Optional[Message]:
         """The next delivery from any consumer on this channel, or None after ``timeout`` seconds."""

@@ -40,7 +40,7 @@ _METHOD, _HEADER, _BODY, _HEARTBEAT = (int(spec.FrameType.METHOD), int(spec.Fram
                                        int(spec.FrameType.BODY), int(spec.FrameType.HEARTBEAT))
 _METHODS = spec.METHODS
 #: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
-_REPLIES = frozenset(r for m in _METHODS.values() for r in m.RESPONSES)
+_REPLIES = frozenset(r for m in (*_METHODS.values(), *spec.RABBITMQ_METHODS.values()) for r in m.RESPONSES)
 
 #: RabbitMQ closes the socket silently on bad credentials unless the client announces this.
 CLIENT_CAPABILITIES = {"authentication_failure_close": True}

@@ -3350,6 +3350,219 @@ class TestContentOk(Method):
         return cls(content_checksum), o
 
 
+class RabbitQueueUnbind(Method):
+    """RabbitMQ's queue.unbind (50, 50); received by the server."""
+
+    __slots__ = ('ticket', 'queue', 'exchange', 'routing_key', 'arguments', )
+    NAME = 'queue.unbind'
+    CLASS_ID = 50
+    METHOD_ID = 50
+    INDEX = 0x00320032
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = True
+    SERVER_MAY_SEND = False
+    FIELDS = ('ticket', 'queue', 'exchange', 'routing_key', 'arguments', )
+    _PREFIX = b'\x002\x002'
+
+    def __init__(self, ticket: int = 0, queue: str = "", exchange: str = "", routing_key: str = "", arguments: Optional[dict] = None) -> None:
+        self.ticket = ticket
+        self.queue = queue
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.arguments = arguments
+
+    def encode(self) -> bytes:
+        p = [self._PREFIX]
+        p.append(_S_H.pack(self.ticket))
+        p.append(encode_shortstr(self.queue))
+        p.append(encode_shortstr(self.exchange))
+        p.append(encode_shortstr(self.routing_key))
+        p.append(encode_table(self.arguments))
+        return b"".join(p)
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitQueueUnbind, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        ticket, = _S_H.unpack_from(buf, o)
+        o += _S_H.size
+        n = buf[o]
+        queue = _str(buf[o + 1:o + 1 + n])
+        o += 1 + n
+        n = buf[o]
+        exchange = _str(buf[o + 1:o + 1 + n])
+        o += 1 + n
+        n = buf[o]
+        routing_key = _str(buf[o + 1:o + 1 + n])
+        o += 1 + n
+        arguments, o = decode_table(buf, o)
+        return cls(ticket, queue, exchange, routing_key, arguments), o
+
+
+class RabbitQueueUnbindOk(Method):
+    """RabbitMQ's queue.unbind-ok (50, 51); received by the client."""
+
+    __slots__ = ()
+    NAME = 'queue.unbind-ok'
+    CLASS_ID = 50
+    METHOD_ID = 51
+    INDEX = 0x00320033
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = False
+    SERVER_MAY_SEND = True
+    FIELDS = ()
+    _PREFIX = b'\x002\x003'
+
+    def encode(self) -> bytes:
+        return self._PREFIX
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitQueueUnbindOk, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        return cls(), o
+
+
+class RabbitBasicConsume(Method):
+    """RabbitMQ's basic.consume (60, 20); received by the server."""
+
+    __slots__ = ('ticket', 'queue', 'consumer_tag', 'no_local', 'no_ack', 'exclusive', 'nowait', )
+    NAME = 'basic.consume'
+    CLASS_ID = 60
+    METHOD_ID = 20
+    INDEX = 0x003C0014
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = True
+    SERVER_MAY_SEND = False
+    FIELDS = ('ticket', 'queue', 'consumer_tag', 'no_local', 'no_ack', 'exclusive', 'nowait', )
+    _PREFIX = b'\x00<\x00\x14'
+
+    def __init__(self, ticket: int = 0, queue: str = "", consumer_tag: str = "", no_local: bool = False, no_ack: bool = False, exclusive: bool = False, nowait: bool = False) -> None:
+        self.ticket = ticket
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.no_local = no_local
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.nowait = nowait
+
+    def encode(self) -> bytes:
+        p = [self._PREFIX]
+        p.append(_S_H.pack(self.ticket))
+        p.append(encode_shortstr(self.queue))
+        p.append(encode_shortstr(self.consumer_tag))
+        p.append(_S_B.pack((1 if self.no_local else 0) | (2 if self.no_ack else 0) | (4 if self.exclusive else 0) | (8 if self.nowait else 0)))
+        return b"".join(p)
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitBasicConsume, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        ticket, = _S_H.unpack_from(buf, o)
+        o += _S_H.size
+        n = buf[o]
+        queue = _str(buf[o + 1:o + 1 + n])
+        o += 1 + n
+        n = buf[o]
+        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        o += 1 + n
+        bits0, = _S_B.unpack_from(buf, o)
+        o += _S_B.size
+        no_local = bool(bits0 & 1)
+        no_ack = bool(bits0 & 2)
+        exclusive = bool(bits0 & 4)
+        nowait = bool(bits0 & 8)
+        return cls(ticket, queue, consumer_tag, no_local, no_ack, exclusive, nowait), o
+
+
+class RabbitBasicRecoverAsync(Method):
+    """RabbitMQ's basic.recover-async (60, 100); received by the server."""
+
+    __slots__ = ('requeue', )
+    NAME = 'basic.recover-async'
+    CLASS_ID = 60
+    METHOD_ID = 100
+    INDEX = 0x003C0064
+    SYNCHRONOUS = False
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = True
+    SERVER_MAY_SEND = False
+    FIELDS = ('requeue', )
+    _PREFIX = b'\x00<\x00d'
+
+    def __init__(self, requeue: bool = False) -> None:
+        self.requeue = requeue
+
+    def encode(self) -> bytes:
+        p = [self._PREFIX]
+        p.append(_S_B.pack((1 if self.requeue else 0)))
+        return b"".join(p)
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitBasicRecoverAsync, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        bits0, = _S_B.unpack_from(buf, o)
+        o += _S_B.size
+        requeue = bool(bits0 & 1)
+        return cls(requeue), o
+
+
+class RabbitBasicRecover(Method):
+    """RabbitMQ's basic.recover (60, 110); received by the server."""
+
+    __slots__ = ('requeue', )
+    NAME = 'basic.recover'
+    CLASS_ID = 60
+    METHOD_ID = 110
+    INDEX = 0x003C006E
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = True
+    SERVER_MAY_SEND = False
+    FIELDS = ('requeue', )
+    _PREFIX = b'\x00<\x00n'
+
+    def __init__(self, requeue: bool = False) -> None:
+        self.requeue = requeue
+
+    def encode(self) -> bytes:
+        p = [self._PREFIX]
+        p.append(_S_B.pack((1 if self.requeue else 0)))
+        return b"".join(p)
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitBasicRecover, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        bits0, = _S_B.unpack_from(buf, o)
+        o += _S_B.size
+        requeue = bool(bits0 & 1)
+        return cls(requeue), o
+
+
+class RabbitBasicRecoverOk(Method):
+    """RabbitMQ's basic.recover-ok (60, 111); received by the client."""
+
+    __slots__ = ()
+    NAME = 'basic.recover-ok'
+    CLASS_ID = 60
+    METHOD_ID = 111
+    INDEX = 0x003C006F
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    CLIENT_MAY_SEND = False
+    SERVER_MAY_SEND = True
+    FIELDS = ()
+    _PREFIX = b'\x00<\x00o'
+
+    def encode(self) -> bytes:
+        return self._PREFIX
+
+    @classmethod
+    def decode(cls, buf, o: int) -> tuple[RabbitBasicRecoverOk, int]:
+        """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
+        return cls(), o
+
+
 ConnectionStart.RESPONSES = (ConnectionStartOk,)
 ConnectionSecure.RESPONSES = (ConnectionSecureOk,)
 ConnectionTune.RESPONSES = (ConnectionTuneOk,)
@@ -3361,6 +3574,7 @@ ChannelClose.RESPONSES = (ChannelCloseOk,)
 AccessRequest.RESPONSES = (AccessRequestOk,)
 ExchangeDeclare.RESPONSES = (ExchangeDeclareOk,)
 ExchangeDelete.RESPONSES = (ExchangeDeleteOk,)
+ExchangeBound.RESPONSES = (ExchangeBoundOk,)
 QueueDeclare.RESPONSES = (QueueDeclareOk,)
 QueueBind.RESPONSES = (QueueBindOk,)
 QueuePurge.RESPONSES = (QueuePurgeOk,)
@@ -3387,6 +3601,9 @@ TestInteger.RESPONSES = (TestIntegerOk,)
 TestString.RESPONSES = (TestStringOk,)
 TestTable.RESPONSES = (TestTableOk,)
 TestContent.RESPONSES = (TestContentOk,)
+RabbitQueueUnbind.RESPONSES = (RabbitQueueUnbindOk,)
+RabbitBasicConsume.RESPONSES = (BasicConsumeOk,)
+RabbitBasicRecover.RESPONSES = (RabbitBasicRecoverOk,)
 
 #: (class id << 16 | method id) -> method class
 METHODS = {cls.INDEX: cls for cls in (
@@ -3483,6 +3700,20 @@ METHODS = {cls.INDEX: cls for cls in (
     TestContent,
     TestContentOk,
 )}
+#: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.
+RABBITMQ_METHODS = {cls.NAME: cls for cls in (
+    RabbitQueueUnbind,
+    RabbitQueueUnbindOk,
+    RabbitBasicConsume,
+    RabbitBasicRecoverAsync,
+    RabbitBasicRecover,
+    RabbitBasicRecoverOk,
+)}
+#: replies only RabbitMQ sends, decoded alongside the spec's methods
+for _cls in RABBITMQ_METHODS.values():
+    if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:
+        METHODS[_cls.INDEX] = _cls
+del _cls
 #: 'class.method' -> method class
 METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}
 
@@ -3993,13 +4224,13 @@ class ResourceLockedError(AMQPChannelError):
     REPLY_CODE = 405
 
 
-class FrameErrorError(AMQPConnectionError):
+class FrameError(AMQPConnectionError):
     """Reply code 501 (frame error), a hard error."""
 
     REPLY_CODE = 501
 
 
-class SyntaxErrorError(AMQPConnectionError):
+class AMQPSyntaxError(AMQPConnectionError):
     """Reply code 502 (syntax error), a hard error."""
 
     REPLY_CODE = 502
@@ -4011,13 +4242,13 @@ class CommandInvalidError(AMQPConnectionError):
     REPLY_CODE = 503
 
 
-class ChannelErrorError(AMQPConnectionError):
+class ChannelProtocolError(AMQPConnectionError):
     """Reply code 504 (channel error), a hard error."""
 
     REPLY_CODE = 504
 
 
-class ResourceErrorError(AMQPConnectionError):
+class ResourceError(AMQPConnectionError):
     """Reply code 506 (resource error), a hard error."""
 
     REPLY_CODE = 506
@@ -4029,13 +4260,13 @@ class NotAllowedError(AMQPConnectionError):
     REPLY_CODE = 530
 
 
-class NotImplementedError(AMQPConnectionError):
+class AMQPNotImplementedError(AMQPConnectionError):
     """Reply code 540 (not implemented), a hard error."""
 
     REPLY_CODE = 540
 
 
-class InternalErrorError(AMQPConnectionError):
+class InternalError(AMQPConnectionError):
     """Reply code 541 (internal error), a hard error."""
 
     REPLY_CODE = 541
@@ -4050,12 +4281,12 @@ ERRORS = {
     403: AccessRefusedError,
     404: NotFoundError,
     405: ResourceLockedError,
-    501: FrameErrorError,
-    502: SyntaxErrorError,
+    501: FrameError,
+    502: AMQPSyntaxError,
     503: CommandInvalidError,
-    504: ChannelErrorError,
-    506: ResourceErrorError,
+    504: ChannelProtocolError,
+    506: ResourceError,
     530: NotAllowedError,
-    540: NotImplementedError,
-    541: InternalErrorError,
+    540: AMQPNotImplementedError,
+    541: InternalError,
 }
