@@ -1,4 +1,4 @@
-"""What differs between STOMP 1.0 brokers, as data, and how to tell which one we talk to.
+r"""What differs between STOMP 1.0 brokers, as data, and how to tell which one we talk to.
 
 Measured against RabbitMQ 3.10 (rabbitmq_stomp) and ActiveMQ 5.17 (see docs/stomp.md and
 tests/integration/test_stomp_brokers.py, which re-measures each fact on every run):
