@@ -18,7 +18,7 @@ Strings are Python ``str``; bytes that are not UTF-8 survive a round trip throug
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar, Sequence, Union
 
@@ -378,4 +378,3 @@ def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message
     return cls(**kwargs)
 
 
-__all__ = [name for name in dir() if not name.startswith("_")]

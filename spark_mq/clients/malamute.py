@@ -1,0 +1,354 @@
+"""Synchronous Malamute client: a pyzmq DEALER driver around the sans-IO ``ClientConnection``.
+
+The API follows the reference C client (mlm_client): ``MalamuteClient(endpoint, address, timeout)``
+connects; ``set_producer`` / ``send`` (streams), ``set_consumer`` / ``remove_consumer``, ``sendto``
+(mailboxes), ``set_worker`` / ``sendfor`` (services), ``recv``, ``credit``, ``ping``, ``close``.
+
+One IO thread owns the DEALER socket (ZeroMQ sockets are not thread-safe): it answers the clock
+(PINGs every second, server-lost detection, transparent recovery after a broker restart) even
+while the application is busy, and puts deliveries on a queue that ``recv`` reads. Application
+threads reach the IO thread through an inproc PUSH/PULL pipe, guarded by a lock, so calls are safe
+from any thread and keep their order. Requests with replies (``set_*``, ``ping``) wait for them;
+sends return at once (the broker never answers them).
+
+Received messages are the codec's ``StreamDeliver``, ``MailboxDeliver``, ``ServiceDeliver`` (and
+``Confirm``) objects: ``sender``, ``address``, ``subject``, ``tracker``, ``content`` (list of bytes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Optional, Sequence, Union
+
+import zmq
+
+from spark_mq.errors import ConnectionClosedError, RemoteProtocolError
+from spark_mq.protocol.malamute import codec
+from spark_mq.protocol.malamute.client import (
+    DEFAULT_HEARTBEAT, DEFAULT_SERVER_TIMEOUT, ClientConnection, Recovered, Recovering, Reply, ServerBack,
+    ServerLost, State,
+)
+from spark_mq.protocol.malamute.errors import MalamuteBrokerError
+
+log = logging.getLogger("spark_mq.clients.malamute")
+
+Body = Union[bytes, bytearray, memoryview, str]
+_FORWARD = b"F"
+_COMMAND = b"C"
+_STOP = b"S"
+_MAX_POLL_MS = 100
+_DRAIN = 1024
+_pipe_ids = itertools.count()
+
+
+def _frames(content) -> list:
+    """Content as frames: one bytes/str body, or a sequence of them."""
+    if content is None:
+        return []
+    if isinstance(content, (bytes, bytearray, memoryview, str)):
+        content = [content]
+    return [c.encode("utf-8") if isinstance(c, str) else c for c in content]
+
+
+class MalamuteClient:
+    """A connected Malamute client.
+
+    >>> with MalamuteClient("tcp://127.0.0.1:9999", "reader") as c:   # doctest: +SKIP
+    ...     c.set_consumer("weather", "^temp")
+    ...     msg = c.recv(timeout=5)
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        address: str = "",
+        timeout: float = 5.0,
+        *,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        server_timeout: float = DEFAULT_SERVER_TIMEOUT,
+        confirm_supported: bool = False,
+        request_timeout: float = 10.0,
+        hwm: int = 100_000,
+        context: Optional[zmq.Context] = None,
+        on_event: Optional[Callable[[object], None]] = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.request_timeout = request_timeout
+        self.on_event = on_event
+        self._proto = ClientConnection(heartbeat=heartbeat, server_timeout=server_timeout,
+                                       confirm_supported=confirm_supported)
+        self._context = context or zmq.Context.instance()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._dead: Optional[BaseException] = None
+        pipe = f"inproc://spark-mq-malamute-client-{next(_pipe_ids)}-{id(self):x}"
+        self._dealer = self._context.socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        self._dealer.setsockopt(zmq.SNDHWM, hwm)
+        self._dealer.setsockopt(zmq.RCVHWM, hwm)
+        self._pull = self._context.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(pipe)
+        self._push = self._context.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.connect(pipe)
+        try:
+            self._dealer.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise ConnectionClosedError(f"bad Malamute endpoint {endpoint!r}: {exc}") from exc
+        self._thread = threading.Thread(target=self._io_loop, name=f"malamute-client-{address or 'anon'}",
+                                        daemon=True)
+        self._thread.start()
+        future = self._call(lambda proto, now: proto.open(address, now, timeout))
+        try:
+            self._wait(future, "CONNECTION-OPEN", timeout + 1.0)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def address(self) -> str:
+        return self._proto.address
+
+    @property
+    def connected(self) -> bool:
+        return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
+
+    @property
+    def recoveries(self) -> int:
+        return self._proto.recoveries
+
+    def set_producer(self, stream: str) -> None:
+        """Publish to ``stream`` from now on (one stream at a time)."""
+        self._request(lambda p, now: p.set_producer(stream), "STREAM-WRITE")
+
+    def set_consumer(self, stream: str, pattern: str = "") -> None:
+        """Receive ``stream`` messages whose subject matches the zrex ``pattern`` ("" = all)."""
+        from spark_mq.protocol.malamute.patterns import validate_pattern
+        validate_pattern(pattern)  # raise LocalProtocolError in the caller's thread
+        self._request(lambda p, now: p.set_consumer(stream, pattern), "STREAM-READ")
+
+    def remove_consumer(self, stream: str) -> None:
+        self._request(lambda p, now: p.remove_consumer(stream), "STREAM-CANCEL")
+
+    def set_worker(self, service: str, pattern: str = "") -> None:
+        """Offer ``service`` for requests whose subject matches ``pattern``."""
+        from spark_mq.protocol.malamute.patterns import validate_pattern
+        validate_pattern(pattern)
+        self._request(lambda p, now: p.set_worker(service, pattern), "SERVICE-OFFER")
+
+    def send(self, subject: str, content: Union[Body, Sequence[Body], None] = None) -> None:
+        """STREAM-SEND to the producer stream (no reply from the broker)."""
+        self._forward(ClientConnection.stream_send(subject, _frames(content)))
+
+    def sendto(self, address: str, subject: str, content: Union[Body, Sequence[Body], None] = None,
+               tracker: str = "", timeout: int = 0) -> None:
+        """MAILBOX-SEND to ``address`` (no reply; ``timeout`` in ms, 0 = none)."""
+        self._forward(ClientConnection.mailbox_send(address, subject, _frames(content), tracker, timeout))
+
+    def sendfor(self, service: str, subject: str, content: Union[Body, Sequence[Body], None] = None,
+                tracker: str = "", timeout: int = 0) -> None:
+        """SERVICE-SEND to ``service`` (no reply; the worker answers in our mailbox)."""
+        self._forward(ClientConnection.service_send(service, subject, _frames(content), tracker, timeout))
+
+    def reply(self, request: codec.ServiceDeliver, subject: str,
+              content: Union[Body, Sequence[Body], None] = None, tracker: str = "") -> None:
+        """Answer a service request in the requester's mailbox."""
+        self.sendto(request.sender, subject, content, tracker)
+
+    def credit(self, amount: int) -> None:
+        self._forward(ClientConnection.credit(amount))
+
+    def confirm(self, tracker: str, code: int = codec.StatusCode.SUCCESS, reason: str = "") -> None:
+        self._forward(self._proto.confirm(tracker, code, reason))
+
+    def ping(self, timeout: Optional[float] = None) -> None:
+        """Round trip to the broker: everything sent before it has been processed when it returns."""
+        self._request(lambda p, now: p.ping(), "CONNECTION-PING", timeout)
+
+    def recv(self, timeout: Optional[float] = None):
+        """The next delivery, or ``None`` after ``timeout`` seconds (``None`` = wait forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed and self._inbox.empty():
+                raise ConnectionClosedError("client is closed")
+            wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if wait <= 0:
+                return None
+            try:
+                return self._inbox.get(timeout=wait)
+            except queue.Empty:
+                if self._dead is not None:
+                    raise ConnectionClosedError(f"client IO thread failed: {self._dead}") from self._dead
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Polite CONNECTION-CLOSE (bounded wait), then stop the IO thread. Idempotent."""
+        if self._closed:
+            return
+        if self._thread.is_alive() and self._proto.state in (State.CONNECTED, State.RECOVERING, State.LOST):
+            try:
+                self._wait(self._call(lambda p, now: p.close()), "CONNECTION-CLOSE", timeout)
+            except (MalamuteBrokerError, ConnectionClosedError, TimeoutError):
+                pass  # closing is polite, not mandatory: the broker expires us anyway
+        self._shutdown()
+
+    def __enter__(self) -> "MalamuteClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ application side of the pipe
+
+    def _pipe(self, frames: list) -> None:
+        if self._closed:
+            raise ConnectionClosedError("client is closed")
+        with self._lock:
+            self._push.send_multipart(frames, copy=False)
+
+    def _forward(self, frames: list) -> None:
+        self._pipe([_FORWARD, *frames])
+
+    def _call(self, fn) -> Future:
+        future: Future = Future()
+        self._commands.put((fn, future))
+        self._pipe([_COMMAND])
+        return future
+
+    def _request(self, fn, what: str, timeout: Optional[float] = None) -> None:
+        self._wait(self._call(fn), what, self.request_timeout if timeout is None else timeout)
+
+    def _wait(self, future: Future, what: str, timeout: float) -> Reply:
+        try:
+            reply = future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"no answer to {what} within {timeout} s") from None
+        if not reply.ok:
+            if reply.code == 0:
+                raise ConnectionClosedError(f"{what} failed: {reply.reason}")
+            raise MalamuteBrokerError(what, reply.code, reply.reason)
+        return reply
+
+    # ------------------------------------------------------------ IO thread
+
+    def _io_loop(self) -> None:
+        try:
+            self._io_loop_inner()
+        except BaseException as exc:
+            self._dead = exc
+            log.exception("malamute client IO thread failed")
+        finally:
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_exception(ConnectionClosedError("client IO thread stopped"))
+            self._futures.clear()
+
+    def _io_loop_inner(self) -> None:
+        dealer, pull, proto = self._dealer, self._pull, self._proto
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(pull, zmq.POLLIN)
+        backlog: deque = deque()
+        clock = time.monotonic
+        noblock = zmq.NOBLOCK
+        while True:
+            now = clock()
+            wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
+            if backlog:
+                poller.modify(dealer, zmq.POLLIN | zmq.POLLOUT)
+            poller.poll(wait_ms)
+            if backlog:
+                poller.modify(dealer, zmq.POLLIN)
+            now = clock()
+            # application -> broker
+            for _ in range(_DRAIN):
+                try:
+                    frames = pull.recv_multipart(noblock, copy=False)
+                except zmq.Again:
+                    break
+                kind = frames[0].bytes
+                if kind == _FORWARD:
+                    backlog.append(frames[1:])
+                elif kind == _COMMAND:
+                    fn, future = self._commands.get_nowait()
+                    try:
+                        token = fn(proto, now)
+                    except Exception as exc:
+                        future.set_exception(exc)
+                    else:
+                        if token is None:
+                            future.set_result(Reply(0, codec.MessageId.CONNECTION_CLOSE, True))
+                        else:
+                            self._futures[token] = future
+                elif kind == _STOP:
+                    return
+            # broker -> application
+            for _ in range(_DRAIN):
+                try:
+                    frames = dealer.recv_multipart(noblock)
+                except zmq.Again:
+                    break
+                try:
+                    events = proto.receive(frames, now)
+                except RemoteProtocolError as exc:
+                    log.warning("dropping malformed message from the broker: %s", exc)
+                    continue
+                self._dispatch(events)
+            self._dispatch(proto.tick(now))
+            backlog.extend(proto.data_to_send())
+            while backlog:
+                try:
+                    dealer.send_multipart(backlog[0], noblock, copy=False)
+                except zmq.Again:
+                    break  # HWM reached (broker away): keep it and wait for POLLOUT
+                backlog.popleft()
+
+    def _dispatch(self, events: list) -> None:
+        for event in events:
+            if isinstance(event, Reply):
+                future = self._futures.pop(event.token, None)
+                if future is not None and not future.done():
+                    future.set_result(event)
+            elif isinstance(event, (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)):
+                self._inbox.put(event)
+            else:
+                if isinstance(event, (ServerLost, Recovering)):
+                    log.info("malamute %s: %s", self.endpoint, event)
+                elif isinstance(event, (ServerBack, Recovered)):
+                    log.info("malamute %s: %s", self.endpoint, event)
+                if self.on_event is not None:
+                    try:
+                        self.on_event(event)
+                    except Exception:
+                        log.exception("on_event callback failed")
+
+    # ------------------------------------------------------------ teardown
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        if self._thread.is_alive():
+            with self._lock:
+                self._push.send_multipart([_STOP])
+            self._thread.join(5.0)
+        self._closed = True
+        if not self._thread.is_alive():
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._dealer, self._pull, self._push):
+            sock.close(0)
