@@ -302,6 +302,8 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     for _c, _m, cname in registry:
         body.w(f"    {cname},")
     body.w(")}")
+    body.w("#: 'class.method' -> method class of the spec")
+    body.w("METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}")
     body.w("#: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.")
     body.w("RABBITMQ_METHODS = {cls.NAME: cls for cls in (")
     for _c, _m, cname in rabbit_registry:
@@ -312,8 +314,6 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     body.w("    if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:")
     body.w("        METHODS[_cls.INDEX] = _cls")
     body.w("del _cls")
-    body.w("#: 'class.method' -> method class")
-    body.w("METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}")
 
     # --- properties
     body.w()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from struct import error as StructError
 from typing import Callable, Optional
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
@@ -29,10 +28,12 @@ from spark_mq.protocol.amqp08.errors import (
     AuthenticationError,
 )
 from spark_mq.protocol.amqp08.frames import (
+    DECODE_ERRORS,
     HEARTBEAT_FRAME,
     FrameReader,
     content_frames,
     decode_content_header,
+    decode_method,
     method_frame,
 )
 
@@ -315,28 +316,14 @@ class Connection:
                     raise RemoteProtocolError(f"unexpected frame type {ftype} on channel {channel}")
                 if self.state is ConnState.CLOSED:
                     break
-        except (StructError, IndexError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+        except DECODE_ERRORS as exc:
             raise RemoteProtocolError(f"malformed frame from the broker: {exc}") from exc
         return events
 
-    def _decode_method(self, channel: int, payload) -> Method:
-        if len(payload) < 4:
-            raise RemoteProtocolError(f"method frame on channel {channel} is {len(payload)} bytes, too short")
-        index = (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
-        cls = _METHODS.get(index)
-        if cls is None:
-            raise RemoteProtocolError(f"unknown method ({index >> 16}, {index & 0xFFFF}) on channel {channel}")
-        method, end = cls.decode(payload, 4)
-        if end != len(payload):
-            raise RemoteProtocolError(
-                f"{cls.NAME} on channel {channel}: arguments take {end - 4} bytes but the frame has {len(payload) - 4}"
-            )
-        if not cls.SERVER_MAY_SEND:
-            raise RemoteProtocolError(f"broker sent {cls.NAME}, which only a client may send")
-        return method
-
     def _on_method_frame(self, channel: int, payload, events: list) -> None:
-        method = self._decode_method(channel, payload)
+        method = decode_method(payload, channel)
+        if not method.SERVER_MAY_SEND:
+            raise RemoteProtocolError(f"broker sent {method.NAME}, which only a client may send")
         if channel == 0:
             if method.CLASS_ID != 10:
                 raise RemoteProtocolError(f"{method.NAME} arrived on channel 0, which carries connection methods only")

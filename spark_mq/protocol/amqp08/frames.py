@@ -9,10 +9,15 @@ the frame type, raising ``RemoteProtocolError`` that names the fault. No sockets
 from __future__ import annotations
 
 from struct import Struct
+from struct import error as StructError
 from typing import Iterator, Optional
 
 from spark_mq.errors import RemoteProtocolError
-from spark_mq.protocol.amqp08.spec import FRAME_END, FRAME_MIN_SIZE, FrameType
+from spark_mq.protocol.amqp08.codec import Method
+from spark_mq.protocol.amqp08.spec import FRAME_END, FRAME_MIN_SIZE, METHODS, FrameType
+
+#: what a decoder over a truncated or malformed payload can raise before we translate it
+DECODE_ERRORS = (StructError, IndexError, UnicodeDecodeError, ValueError, OverflowError)
 
 _HEADER = Struct(">BHI")
 HEADER_SIZE = _HEADER.size  # 7
@@ -50,6 +55,25 @@ def content_frames(channel: int, class_id: int, properties: bytes, body, frame_m
                 part = view[start : start + chunk]
                 pieces += (_pack_header(_BODY, channel, len(part)), part, _END)
     return pieces
+
+
+def decode_method(payload, channel: int = 0) -> Method:
+    """Decode a whole method frame payload (ids + arguments). Any fault is a ``RemoteProtocolError``."""
+    if len(payload) < 4:
+        raise RemoteProtocolError(f"method frame on channel {channel} is {len(payload)} bytes, too short")
+    index = (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
+    cls = METHODS.get(index)
+    if cls is None:
+        raise RemoteProtocolError(f"unknown method ({index >> 16}, {index & 0xFFFF}) on channel {channel}")
+    try:
+        method, end = cls.decode(payload, 4)
+    except DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"{cls.NAME} on channel {channel} is malformed: {exc}") from exc
+    if end != len(payload):
+        raise RemoteProtocolError(
+            f"{cls.NAME} on channel {channel}: arguments take {end - 4} bytes but the frame has {len(payload) - 4}"
+        )
+    return method
 
 
 def decode_content_header(payload) -> tuple[int, int, int]:

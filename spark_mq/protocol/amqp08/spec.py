@@ -3700,6 +3700,8 @@ METHODS = {cls.INDEX: cls for cls in (
     TestContent,
     TestContentOk,
 )}
+#: 'class.method' -> method class of the spec
+METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}
 #: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.
 RABBITMQ_METHODS = {cls.NAME: cls for cls in (
     RabbitQueueUnbind,
@@ -3714,8 +3716,6 @@ for _cls in RABBITMQ_METHODS.values():
     if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:
         METHODS[_cls.INDEX] = _cls
 del _cls
-#: 'class.method' -> method class
-METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}
 
 
 # -- content header properties -------------------------------------------------
