@@ -1,0 +1,308 @@
+"""The sans-IO connection: handshake, negotiation, channels, content, closes, heartbeats, violations."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_mq.errors import LocalProtocolError, RemoteProtocolError
+from spark_mq.protocol.amqp08 import spec
+from spark_mq.protocol.amqp08.codec import decode_table
+from spark_mq.protocol.amqp08.connection import (
+    Alert,
+    ChannelClosed,
+    ChannelOpened,
+    ChanState,
+    Connection,
+    ConnectionClosed,
+    ConnectionOpened,
+    ConnectionRedirected,
+    ConnState,
+    ContentReceived,
+    FlowChanged,
+    HeartbeatTimeout,
+    MethodReceived,
+)
+from spark_mq.protocol.amqp08.errors import AMQPChannelError, AuthenticationError
+
+from .helpers import START, TUNE, open_channel, open_connection, sent_methods, server_content, server_frame
+
+
+def test_handshake_plain():
+    conn = Connection("user", "secret", "/vh")
+    assert conn.initiate() == b"AMQP\x01\x01\x08\x00"
+    assert conn.receive_data(server_frame(0, START)) == []
+    (ftype, ch, start_ok), = sent_methods(conn)
+    assert isinstance(start_ok, spec.ConnectionStartOk)
+    assert start_ok.mechanism == "PLAIN" and start_ok.response == b"\x00user\x00secret"
+    assert start_ok.client_properties["capabilities"] == {"authentication_failure_close": True}
+    assert conn.receive_data(server_frame(0, TUNE)) == []
+    (_, _, tune_ok), (_, _, open_) = sent_methods(conn)
+    assert (tune_ok.channel_max, tune_ok.frame_max, tune_ok.heartbeat) == (16, 4096, 10)
+    assert open_.virtual_host == "/vh"
+    (ev,) = conn.receive_data(server_frame(0, spec.ConnectionOpenOk(known_hosts="h1")))
+    assert isinstance(ev, ConnectionOpened) and ev.known_hosts == "h1" and conn.state is ConnState.OPEN
+    assert "secret" not in repr(conn)
+
+
+def test_handshake_amqplain():
+    conn = Connection("u", "p", mechanism="AMQPLAIN")
+    conn.initiate()
+    conn.receive_data(server_frame(0, START))
+    (_, _, start_ok), = sent_methods(conn)
+    assert start_ok.mechanism == "AMQPLAIN"
+    # AMQPLAIN: a field table without its length prefix
+    table, _ = decode_table(len(start_ok.response).to_bytes(4, "big") + start_ok.response, 0)
+    assert table == {"LOGIN": "u", "PASSWORD": "p"}
+
+
+def test_secure_challenge_is_answered():
+    conn = Connection("u", "p", secure_handler=lambda challenge: b"answer:" + challenge)
+    conn.initiate()
+    conn.receive_data(server_frame(0, START))
+    conn.data_to_send()
+    conn.receive_data(server_frame(0, spec.ConnectionSecure(challenge=b"nonce")))
+    (_, _, secure_ok), = sent_methods(conn)
+    assert isinstance(secure_ok, spec.ConnectionSecureOk) and secure_ok.response == b"answer:nonce"
+
+
+@pytest.mark.parametrize("ours,theirs,expected", [
+    ((0, 131072, 60), (2047, 131072, 60), (2047, 131072, 60)),
+    ((10, 8192, 5), (2047, 131072, 60), (10, 8192, 5)),
+    ((0, 0, None), (0, 65536, 30), (0, 65536, 30)),
+    ((0, 131072, 0), (0, 131072, 60), (0, 131072, 0)),
+])
+def test_tune_negotiation(ours, theirs, expected):
+    conn = Connection(channel_max=ours[0], frame_max=ours[1], heartbeat=ours[2])
+    conn.initiate()
+    conn.receive_data(server_frame(0, START))
+    conn.receive_data(server_frame(0, spec.ConnectionTune(channel_max=theirs[0], frame_max=theirs[1],
+                                                          heartbeat=theirs[2])))
+    assert (conn.channel_max, conn.frame_max, conn.heartbeat) == expected
+
+
+def test_redirect():
+    conn = Connection()
+    conn.initiate()
+    conn.receive_data(server_frame(0, START))
+    conn.receive_data(server_frame(0, TUNE))
+    (ev,) = conn.receive_data(server_frame(0, spec.ConnectionRedirect(host="other:5672", known_hosts="x")))
+    assert isinstance(ev, ConnectionRedirected) and ev.host == "other:5672"
+
+
+def test_auth_failure_close_during_start_ok_is_authentication_error():
+    conn = Connection("u", "bad")
+    conn.initiate()
+    conn.receive_data(server_frame(0, START))
+    conn.data_to_send()
+    (ev,) = conn.receive_data(server_frame(0, spec.ConnectionClose(reply_code=403, reply_text="ACCESS_REFUSED",
+                                                                     class_id=0, method_id=0)))
+    assert isinstance(ev, ConnectionClosed) and isinstance(ev.error, AuthenticationError)
+    (_, _, close_ok), = sent_methods(conn)
+    assert isinstance(close_ok, spec.ConnectionCloseOk)
+
+
+def test_wrong_version_and_missing_mechanism():
+    conn = Connection()
+    conn.initiate()
+    with pytest.raises(RemoteProtocolError, match="speaks AMQP 0-9"):
+        conn.receive_data(server_frame(0, spec.ConnectionStart(version_major=0, version_minor=9,
+                                                               mechanisms=b"PLAIN", locales=b"en_US")))
+    conn = Connection()
+    conn.initiate()
+    with pytest.raises(AuthenticationError, match="does not offer SASL mechanism PLAIN"):
+        conn.receive_data(server_frame(0, spec.ConnectionStart(version_major=8, version_minor=0,
+                                                               mechanisms=b"EXTERNAL", locales=b"en_US")))
+
+
+def test_protocol_header_reply_means_version_refused():
+    conn = Connection()
+    conn.initiate()
+    with pytest.raises(RemoteProtocolError, match="refused AMQP 0-8"):
+        conn.receive_data(b"AMQP\x00\x00\x09\x01")
+
+
+def test_unexpected_method_in_handshake():
+    conn = Connection()
+    conn.initiate()
+    with pytest.raises(RemoteProtocolError, match="expected connection.start"):
+        conn.receive_data(server_frame(0, TUNE))
+
+
+def test_channel_open_close_and_broker_close():
+    conn, _ = open_connection()
+    n = conn.open_channel()
+    assert conn.channel_state(n) is ChanState.OPENING
+    (_, ch, m), = sent_methods(conn)
+    assert ch == n and isinstance(m, spec.ChannelOpen)
+    (ev,) = conn.receive_data(server_frame(n, spec.ChannelOpenOk()))
+    assert isinstance(ev, ChannelOpened) and conn.channel_state(n) is ChanState.OPEN
+    conn.send_method(n, spec.QueueDeclare(queue="missing", passive=True))
+    conn.data_to_send()
+    (ev,) = conn.receive_data(server_frame(n, spec.ChannelClose(reply_code=404, reply_text="NOT_FOUND - no queue",
+                                                                  class_id=50, method_id=10)))
+    assert isinstance(ev, ChannelClosed) and isinstance(ev.error, spec.NotFoundError)
+    assert ev.error.reply_code == 404 and ev.error.method_name == "queue.declare" and ev.error.channel == n
+    assert isinstance(ev.error, AMQPChannelError)
+    (_, _, close_ok), = sent_methods(conn)
+    assert isinstance(close_ok, spec.ChannelCloseOk)
+    assert conn.state is ConnState.OPEN  # a channel error leaves the connection usable
+    m = open_channel(conn)
+    conn.close_channel(m)
+    (_, _, close), = sent_methods(conn)
+    assert isinstance(close, spec.ChannelClose)
+    (ev,) = conn.receive_data(server_frame(m, spec.ChannelCloseOk()))
+    assert isinstance(ev, ChannelClosed) and ev.error is None
+
+
+def test_flow_and_alert():
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    (ev,) = conn.receive_data(server_frame(n, spec.ChannelFlow(active=False)))
+    assert isinstance(ev, FlowChanged) and ev.active is False and conn.flow_active(n) is False
+    (_, _, flow_ok), = sent_methods(conn)
+    assert isinstance(flow_ok, spec.ChannelFlowOk) and flow_ok.active is False
+    (ev,) = conn.receive_data(server_frame(n, spec.ChannelAlert(reply_code=310, reply_text="slow", details={"a": 1})))
+    assert isinstance(ev, Alert) and ev.details == {"a": 1}
+
+
+def test_sync_reply_matching():
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    conn.send_method(n, spec.QueueDeclare(queue="q"))
+    (ev,) = conn.receive_data(server_frame(n, spec.QueueDeclareOk(queue="q", message_count=3, consumer_count=0)))
+    assert isinstance(ev, MethodReceived) and ev.method.message_count == 3
+    with pytest.raises(RemoteProtocolError, match="expected no reply"):
+        conn.receive_data(server_frame(n, spec.QueuePurgeOk(message_count=1)))
+
+
+def test_content_assembly_across_frames_and_get():
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    body = bytes(range(256)) * 50  # 12800 bytes over 4096-byte frames
+    props = spec.BasicProperties(headers={"k": "v"}, delivery_mode=2)
+    data = server_content(n, spec.BasicDeliver(consumer_tag="c", delivery_tag=9, exchange="", routing_key="q"),
+                          props, body, frame_max=4096)
+    events = []
+    for i in range(0, len(data), 100):
+        events += conn.receive_data(data[i:i + 100])
+    (ev,) = events
+    assert isinstance(ev, ContentReceived) and ev.body == body and ev.properties == props
+    assert ev.method.delivery_tag == 9
+    conn.send_method(n, spec.BasicGet(queue="q"))
+    conn.data_to_send()
+    (ev,) = conn.receive_data(server_content(n, spec.BasicGetOk(delivery_tag=10, message_count=0), props, b""))
+    assert isinstance(ev, ContentReceived) and ev.body == b""
+    conn.send_method(n, spec.BasicGet(queue="q"))
+    (ev,) = conn.receive_data(server_frame(n, spec.BasicGetEmpty()))
+    assert isinstance(ev.method, spec.BasicGetEmpty)
+
+
+def test_publish_splits_by_frame_max():
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    conn.send_content(n, spec.BasicPublish(exchange="", routing_key="q"), None, b"z" * 10000)
+    frames = sent_methods(conn)
+    assert [f[0] for f in frames] == [1, 2, 3, 3, 3]
+    assert all(len(f[2]) <= conn.frame_max - 8 for f in frames if f[0] == 3)
+    assert b"".join(f[2] for f in frames if f[0] == 3) == b"z" * 10000
+
+
+def test_duplicate_open_ok_is_rejected():
+    # channel.open-ok twice: the second answers no request
+    conn, _ = open_connection()
+    open_channel(conn, 1)
+    with pytest.raises(RemoteProtocolError, match="expected no reply"):
+        conn.receive_data(server_frame(1, spec.ChannelOpenOk()))
+
+
+def test_content_violations():
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    with pytest.raises(RemoteProtocolError, match="content header frame on channel 1 without a content method"):
+        conn.receive_data(bytes.fromhex("02 0001 0000000e") + bytes.fromhex("003c 0000 0000000000000001 0000") + b"\xce")
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    with pytest.raises(RemoteProtocolError, match="more than the 2 announced"):
+        conn.receive_data(server_content(n, spec.BasicDeliver(consumer_tag="c", delivery_tag=1), spec.BasicProperties(),
+                                         b"ab")[:-10] + bytes.fromhex("03 0001 00000005") + b"abcde\xce")
+    conn, _ = open_connection()
+    with pytest.raises(RemoteProtocolError, match="channel 5, which is not open"):
+        conn.receive_data(server_frame(5, spec.BasicQosOk()))
+    conn, _ = open_connection()
+    with pytest.raises(RemoteProtocolError, match="which only a client may send"):
+        conn.receive_data(server_frame(0, spec.ConnectionStartOk()))
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    with pytest.raises(RemoteProtocolError, match="while the content of basic.deliver is incomplete"):
+        conn.receive_data(server_frame(n, spec.BasicDeliver()) + server_frame(n, spec.BasicQosOk()))
+
+
+def test_local_misuse():
+    conn = Connection()
+    with pytest.raises(LocalProtocolError, match="not open"):
+        conn.open_channel()
+    conn, _ = open_connection()
+    with pytest.raises(LocalProtocolError, match="channel 3 is not open"):
+        conn.send_method(3, spec.TxSelect())
+    n = open_channel(conn)
+    with pytest.raises(LocalProtocolError, match="sent by the server"):
+        conn.send_method(n, spec.BasicDeliver())
+    with pytest.raises(LocalProtocolError, match="use send_content"):
+        conn.send_method(n, spec.BasicPublish())
+    with pytest.raises(LocalProtocolError, match="outside 1..16"):
+        conn.open_channel(17)
+    with pytest.raises(LocalProtocolError, match="unsupported SASL mechanism"):
+        Connection(mechanism="CRAM-MD5")
+
+
+def test_connection_close_both_directions():
+    conn, _ = open_connection()
+    conn.close()
+    (_, _, close), = sent_methods(conn)
+    assert isinstance(close, spec.ConnectionClose) and close.reply_code == 200
+    (ev,) = conn.receive_data(server_frame(0, spec.ConnectionCloseOk()))
+    assert isinstance(ev, ConnectionClosed) and ev.error is None and conn.state is ConnState.CLOSED
+    conn, _ = open_connection()
+    (ev,) = conn.receive_data(server_frame(0, spec.ConnectionClose(reply_code=320, reply_text="CONNECTION_FORCED",
+                                                                     class_id=0, method_id=0)))
+    assert isinstance(ev.error, spec.ConnectionForcedError) and ev.error.reply_code == 320
+    (_, _, close_ok), = sent_methods(conn)
+    assert isinstance(close_ok, spec.ConnectionCloseOk)
+
+
+def test_heartbeats_with_injected_clock():
+    conn, _ = open_connection()  # heartbeat negotiated to 10 s
+    conn.receive_data(b"", now=100.0)
+    conn.note_sent(100.0)
+    conn.tick(103.0)
+    assert conn.data_to_send() == b""
+    conn.tick(105.0)  # silent for half an interval: send a heartbeat
+    assert conn.data_to_send() == bytes.fromhex("08 0000 00000000 ce")
+    conn.receive_data(bytes.fromhex("08 0000 00000000 ce"), now=110.0)
+    conn.tick(125.0)
+    with pytest.raises(HeartbeatTimeout, match="no frame from the broker for 20.5s"):
+        conn.tick(130.5)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_open_connection(raw):
+    conn, _ = open_connection()
+    open_channel(conn, 1)
+    try:
+        conn.receive_data(raw)
+    except RemoteProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(spec.METHODS.values(), key=lambda c: c.INDEX)), st.binary(max_size=40))
+def test_fuzz_method_frames_with_valid_ids(cls, tail):
+    conn, _ = open_connection()
+    open_channel(conn, 1)
+    payload = cls._PREFIX + tail
+    frame = bytes([1]) + (1).to_bytes(2, "big") + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    try:
+        conn.receive_data(frame)
+    except RemoteProtocolError:
+        pass
