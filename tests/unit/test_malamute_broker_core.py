@@ -1,0 +1,270 @@
+"""Broker routing core without sockets: replies and silences, routing, bounds, credit, store, fuzzing."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_mq.malamute_broker.core import BrokerCore, Limits
+from spark_mq.malamute_broker.store import MailboxStore
+from spark_mq.protocol.malamute import codec
+
+OK_FRAMES = [bytes.fromhex("aaa80e00c800")]
+
+
+class Net:
+    """Records what the core sends; ``down`` routing ids are unreachable."""
+
+    def __init__(self, **kwargs) -> None:
+        self.out: list[tuple[bytes, list]] = []
+        self.down: set[bytes] = set()
+        self.core = BrokerCore(self.send, **kwargs)
+        self.now = 0.0
+
+    def send(self, rid, frames) -> bool:
+        if rid in self.down:
+            return False
+        self.out.append((rid, [bytes(f) for f in frames]))
+        return True
+
+    def do(self, rid: bytes, message) -> list:
+        frames = codec.encode(message) if isinstance(message, codec.Message) else message
+        self.out.clear()
+        self.core.handle(rid, frames, self.now)
+        return [(r, codec.decode(f)) for r, f in self.out]
+
+    def open(self, rid: bytes, address: str = "") -> None:
+        assert self.do(rid, codec.ConnectionOpen(address)) == [(rid, codec.Ok())]
+
+
+def test_replies_and_silences_match_the_reference():
+    net = Net()
+    assert net.out == []
+    net.open(b"A", "a")
+    assert net.out[0][1] == OK_FRAMES  # byte for byte as observed: OK 200 ""
+    assert net.do(b"A", codec.ConnectionPing()) == [(b"A", codec.ConnectionPong())]
+    for msg in (codec.StreamWrite("s"), codec.StreamRead("s", "x"), codec.StreamCancel("s"),
+                codec.ServiceOffer("svc", "")):
+        assert net.do(b"A", msg) == [(b"A", codec.Ok())]
+    for msg in (codec.StreamSend("x", [b"1"]), codec.MailboxSend("nobody", "s"), codec.ServiceSend("other", "s"),
+                codec.Credit(5)):
+        assert net.do(b"A", msg) == []
+    assert net.do(b"A", codec.ConnectionClose()) == [(b"A", codec.Ok())]
+    (reply,) = net.do(b"A", codec.ConnectionPing())  # forgotten after CLOSE
+    assert isinstance(reply[1], codec.Error) and reply[1].code == 500
+
+
+def test_unknown_client_gets_error_500_for_anything_but_open():
+    net = Net()
+    for msg in (codec.ConnectionPing(), codec.StreamSend("x"), codec.StreamWrite("s"), codec.Credit(1)):
+        ((rid, reply),) = net.do(b"Z", msg)
+        assert isinstance(reply, codec.Error) and reply.code == 500
+
+
+def test_second_open_is_error_and_deregisters():
+    net = Net()
+    net.open(b"A", "a")
+    ((_, reply),) = net.do(b"A", codec.ConnectionOpen("a"))
+    assert isinstance(reply, codec.Error)
+    assert b"A" not in net.core.clients
+
+
+def test_bad_protocol_or_version_is_refused():
+    net = Net()
+    ((_, reply),) = net.do(b"A", codec.ConnectionOpen("a", "MALAMUTX", 1))
+    assert isinstance(reply, codec.Error)
+    ((_, reply),) = net.do(b"A", codec.ConnectionOpen("a", "MALAMUTE", 2))
+    assert isinstance(reply, codec.Error)
+
+
+def test_stream_fanout_patterns_no_echo_and_no_duplicates():
+    net = Net()
+    for rid in (b"P", b"R1", b"R2"):
+        net.open(rid, rid.decode())
+    net.do(b"P", codec.StreamWrite("s"))
+    net.do(b"P", codec.StreamRead("s", ""))  # a writer never gets its own messages
+    net.do(b"R1", codec.StreamRead("s", "^temp"))
+    net.do(b"R1", codec.StreamRead("s", "temp"))  # overlapping: still delivered once
+    net.do(b"R2", codec.StreamRead("s", "hum"))
+    out = net.do(b"P", codec.StreamSend("temp.x", [b"1", b"2"]))
+    assert out == [(b"R1", codec.StreamDeliver("s", "P", "temp.x", [b"1", b"2"]))]
+    assert net.do(b"P", codec.StreamSend("humid", [])) == [(b"R2", codec.StreamDeliver("s", "P", "humid", []))]
+    net.do(b"R1", codec.StreamCancel("s"))
+    assert net.do(b"P", codec.StreamSend("temp.y")) == []
+
+
+def test_empty_pattern_matches_empty_subject():
+    net = Net()
+    net.open(b"P")
+    net.open(b"R")
+    net.do(b"P", codec.StreamWrite("s"))
+    net.do(b"R", codec.StreamRead("s", ""))
+    assert len(net.do(b"P", codec.StreamSend(""))) == 1
+
+
+def test_hanging_or_invalid_patterns_get_error_300():
+    net = Net()
+    net.open(b"A")
+    for pattern in ("*", "+", "a**", "(a*)*", "[", "\\w"):
+        for msg in (codec.StreamRead("s", pattern), codec.ServiceOffer("svc", pattern)):
+            ((_, reply),) = net.do(b"A", msg)
+            assert isinstance(reply, codec.Error) and reply.code == 300, pattern
+
+
+def test_mailbox_online_offline_fifo_and_own_trackers():
+    net = Net()
+    net.open(b"S", "sender")
+    net.do(b"S", codec.MailboxSend("bob", "one", "t1", 0, [b"1"]))
+    net.do(b"S", codec.MailboxSend("bob", "two", "t2", 0, [b"2"]))
+    out = net.do(b"B", codec.ConnectionOpen("bob"))
+    assert out == [(b"B", codec.Ok()),
+                   (b"B", codec.MailboxDeliver("sender", "bob", "one", "t1", [b"1"])),
+                   (b"B", codec.MailboxDeliver("sender", "bob", "two", "t2", [b"2"]))]
+    assert net.do(b"S", codec.MailboxSend("bob", "three", "", 0, [])) == [
+        (b"B", codec.MailboxDeliver("sender", "bob", "three", "", []))]
+
+
+def test_two_connections_on_one_address_newest_receives_then_older_takes_over():
+    net = Net()
+    net.open(b"S", "s")
+    net.open(b"B1", "bob")
+    net.open(b"B2", "bob")
+    assert net.do(b"B1", codec.ConnectionPing()) == [(b"B1", codec.ConnectionPong())]  # not evicted
+    assert net.do(b"S", codec.MailboxSend("bob", "x"))[0][0] == b"B2"
+    net.do(b"B2", codec.ConnectionClose())
+    assert net.do(b"S", codec.MailboxSend("bob", "y"))[0][0] == b"B1"
+
+
+def test_unreachable_owner_keeps_the_mail():
+    net = Net()
+    net.open(b"S", "s")
+    net.open(b"B", "bob")
+    net.down.add(b"B")
+    net.do(b"S", codec.MailboxSend("bob", "kept"))
+    net.down.clear()
+    net.do(b"B", codec.ConnectionClose())
+    out = net.do(b"B2", codec.ConnectionOpen("bob"))
+    assert out[1][1].subject == "kept"
+
+
+def test_service_round_robin_queueing_and_patterns():
+    net = Net()
+    for rid in (b"C", b"W1", b"W2", b"W3"):
+        net.open(rid, rid.decode())
+    net.do(b"C", codec.ServiceSend("svc", "early"))  # no worker yet: queued
+    assert net.do(b"W1", codec.ServiceOffer("svc", "")) == [
+        (b"W1", codec.Ok()), (b"W1", codec.ServiceDeliver("C", "svc", "early", "", []))]
+    net.do(b"W2", codec.ServiceOffer("svc", ""))
+    net.do(b"W3", codec.ServiceOffer("svc", "^only"))
+    targets = [net.do(b"C", codec.ServiceSend("svc", f"r{i}"))[0][0] for i in range(4)]
+    assert targets == [b"W1", b"W2", b"W1", b"W2"]
+    assert net.do(b"C", codec.ServiceSend("svc", "only-w3"))[0][0] == b"W3"
+
+
+def test_expiry_forgets_silent_clients_but_keeps_their_mail_address():
+    net = Net(client_timeout=5.0)
+    net.open(b"A", "a")
+    net.now = 3.0
+    net.core.tick(net.now)
+    assert b"A" in net.core.clients
+    net.now = 6.0
+    net.core.tick(net.now)
+    assert b"A" not in net.core.clients and "a" not in net.core.by_address
+
+
+def test_stored_message_timeout_expires():
+    net = Net()
+    net.open(b"S", "s")
+    net.do(b"S", codec.MailboxSend("bob", "short", "", 1000, []))
+    net.do(b"S", codec.MailboxSend("bob", "forever", "", 0, []))
+    net.now = 2.0
+    net.core.tick(net.now)
+    out = net.do(b"B", codec.ConnectionOpen("bob"))
+    assert [m.subject for _, m in out[1:]] == ["forever"]
+    assert net.core.stats["expired_messages"] == 1
+
+
+def test_bounded_mailbox_drops_and_counts():
+    net = Net(limits=Limits(max_mailbox=2))
+    net.open(b"S", "s")
+    for i in range(5):
+        net.do(b"S", codec.MailboxSend("bob", str(i)))
+    assert len(net.core.mailboxes["bob"]) == 2 and net.core.stats["dropped"] == 3
+
+
+def test_credit_mode_holds_deliveries_until_credit():
+    net = Net(credit=True)
+    net.open(b"P")
+    net.open(b"R")
+    net.do(b"P", codec.StreamWrite("s"))
+    net.do(b"R", codec.StreamRead("s"))
+    for i in range(3):
+        assert net.do(b"P", codec.StreamSend(str(i))) == []
+    out = net.do(b"R", codec.Credit(2))
+    assert [m.subject for _, m in out] == ["0", "1"]
+    assert [m.subject for _, m in net.do(b"R", codec.Credit(5))] == ["2"]
+    assert len(net.do(b"P", codec.StreamSend("3"))) == 1
+
+
+def test_credit_ignored_by_default():
+    net = Net()
+    net.open(b"R")
+    assert net.do(b"R", codec.Credit(0)) == []
+
+
+def test_client_confirm_is_accepted_silently():
+    net = Net()
+    net.open(b"A")
+    assert net.do(b"A", codec.Confirm("t")) == []
+    assert net.do(b"A", codec.ConnectionPing()) == [(b"A", codec.ConnectionPong())]
+
+
+def test_malformed_messages_get_error_and_keep_the_client():
+    net = Net()
+    net.open(b"A", "a")
+    net.do(b"A", codec.StreamWrite("s"))
+    for frames in ([b"\xaa\xa9\x02"], [b"\xaa\xa8\x63"], [b"\xaa\xa8"], [b"\xaa\xa8\x02", b"extra"],
+                   [b"\xaa\xa8\x07\x09abc"], [b"\xaa\xa8\x05\xffab"], [], [b"\xaa\xa8\x0e\x00\xc8\x00"]):
+        ((_, reply),) = net.do(b"A", frames)
+        assert isinstance(reply, codec.Error) and reply.code == 500
+    assert net.do(b"A", codec.ConnectionPing()) == [(b"A", codec.ConnectionPong())]
+
+
+def test_persistent_store_round_trip(tmp_path):
+    store = MailboxStore(tmp_path)
+    assert store.load() == []
+    net = Net(store=store)
+    net.open(b"S", "s")
+    net.do(b"S", codec.MailboxSend("bob", "one", "t1", 0, [b"a", b""]))
+    net.do(b"S", codec.MailboxSend("bob", "two", "t2", 0, [b"b"]))
+    net.do(b"S", codec.MailboxSend("eve", "three", "", 0, []))
+    out = net.do(b"E", codec.ConnectionOpen("eve"))  # eve's message delivered: marked in the journal
+    assert out[1][1].subject == "three"
+    store.close()
+    with open(store.path, "ab") as f:
+        f.write(b"\x00\x00\x00\x30torn")  # a torn record at the tail is ignored
+    store2 = MailboxStore(tmp_path)
+    net2 = Net(store=store2)
+    for seq, address, header, content in store2.load():
+        net2.core.restore(address, header, content, seq)
+    out = net2.do(b"B", codec.ConnectionOpen("bob"))
+    assert [(m.subject, m.tracker, list(m.content)) for _, m in out[1:]] == [("one", "t1", [b"a", b""]),
+                                                                            ("two", "t2", [b"b"])]
+    store2.close()
+    assert MailboxStore(tmp_path).load() == []
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([b"A", b"B", b"C"]),
+                          st.lists(st.binary(max_size=24), min_size=0, max_size=3)), max_size=12))
+def test_fuzz_core_never_raises(script):
+    net = Net()
+    net.open(b"A", "a")
+    net.do(b"A", codec.StreamWrite("s"))
+    net.open(b"B", "b")
+    net.do(b"B", codec.StreamRead("s"))
+    for rid, frames in script:
+        net.core.handle(rid, [b"\xaa\xa8" + f if i == 0 and f[:1] != b"!" else f for i, f in enumerate(frames)],
+                        net.now)
+    net.out.clear()
+    assert net.do(b"B", codec.ConnectionPing())[0][0] == b"B"
