@@ -196,7 +196,11 @@ class StompClient:
         receipt: bool = False,
         content_length: Optional[bool] = None,
     ) -> None:
-        """SEND one message.  ``receipt=True`` waits until the broker has taken it."""
+        """SEND one message.  ``receipt=True`` waits until the broker has taken it, except in a
+        transaction on a broker that answers such receipts only at COMMIT (RabbitMQ): there the
+        COMMIT's receipt is the confirmation, and none is asked for the SEND."""
+        if receipt and self._session.receipt_waits_for_commit(transaction):
+            receipt = False
         if not receipt and headers is None and transaction is None and content_length is None:
             self._raise_pending()
             with self._write_lock:
@@ -318,6 +322,8 @@ class StompClient:
             subscription = subscription or message.headers.get(Header.SUBSCRIPTION)
         else:
             message_id = message
+        if receipt and self._session.receipt_waits_for_commit(transaction):
+            receipt = False  # see send()
         self._call(lambda s, r: s.ack(message_id, subscription=subscription, transaction=transaction, receipt=r), receipt=receipt)
 
     def receive(self, timeout: Optional[float] = None) -> Optional[Frame]:

@@ -13,6 +13,9 @@ tests/integration/test_stomp_brokers.py, which re-measures each fact on every ru
   with a backslash must be sent escaped; RabbitMQ also escapes the values of the MESSAGE frames
   it sends (a ``:`` arrives as ``\c``), ActiveMQ sends them raw.  Both trim leading white space
   of values, ActiveMQ trailing white space too.
+- RabbitMQ holds back the RECEIPT of a SEND or ACK made in a transaction until the COMMIT (sent
+  after the COMMIT's own receipt) and never sends it if the transaction is aborted; ActiveMQ
+  answers at once.  So a client must not wait for such a receipt before committing.
 
 A broker we do not recognise gets the safe profile: per-message ACKs (correct on a cumulative
 broker too, as long as they go out in delivery order) and every prefetch header we know.
@@ -41,12 +44,16 @@ class BrokerProfile:
     unescapes_sent_headers: bool = False
     #: The broker escapes header values of the frames it sends (so we unescape them).
     escapes_received_headers: bool = False
+    #: Receipts of frames in a transaction come only at COMMIT (and never after ABORT).
+    defers_transaction_receipts: bool = True
 
 
 RABBITMQ = BrokerProfile(
     "rabbitmq", True, (Header.RABBITMQ_PREFETCH,), "rolled back", unescapes_sent_headers=True, escapes_received_headers=True
 )
-ACTIVEMQ = BrokerProfile("activemq", True, (Header.ACTIVEMQ_PREFETCH,), "rolled back", unescapes_sent_headers=True)
+ACTIVEMQ = BrokerProfile(
+    "activemq", True, (Header.ACTIVEMQ_PREFETCH,), "rolled back", unescapes_sent_headers=True, defers_transaction_receipts=False
+)
 UNKNOWN = BrokerProfile("unknown", False, (Header.RABBITMQ_PREFETCH, Header.ACTIVEMQ_PREFETCH), "unknown")
 
 _BY_SERVER_PREFIX = (("rabbitmq/", RABBITMQ), ("activemq/", ACTIVEMQ))

@@ -95,6 +95,7 @@ class StompSession:
         self.transactions: Set[str] = set()
         self.subscriptions: dict[str, Subscription] = {}
         self.receipts: Set[str] = set()  # receipt ids asked for and not yet answered
+        self._tx_receipts: dict = {}  # transaction -> receipt ids of its frames
         self._parser = FrameParser(max_frame_size=max_frame_size)
         self._counter = 0
         self._send_heads: dict = {}
@@ -116,11 +117,13 @@ class StompSession:
         if (self.state, command) not in CLIENT_TRANSITIONS:
             raise StompLocalProtocolError(f"cannot send {command.value} in state {self.state.value}", command=command.value)
 
-    def _receipt(self, command: Command, receipt: Optional[str], items: list) -> None:
+    def _receipt(self, command: Command, receipt: Optional[str], items: list, transaction: Optional[str] = None) -> None:
         if receipt is not None:
             if receipt in self.receipts:
                 raise StompLocalProtocolError(f"receipt id {receipt!r} is already outstanding", command=command.value, header=Header.RECEIPT)
             items.append((Header.RECEIPT, receipt))
+            if transaction is not None:
+                self._tx_receipts.setdefault(transaction, []).append(receipt)
 
     def _known_transaction(self, command: Command, transaction: str) -> None:
         if transaction not in self.transactions:
@@ -171,7 +174,7 @@ class StompSession:
         if transaction is not None:
             self._known_transaction(Command.SEND, transaction)
             items.append((Header.TRANSACTION, transaction))
-        self._receipt(Command.SEND, receipt, items)
+        self._receipt(Command.SEND, receipt, items, transaction)
         items.extend(_items(headers))
         return self._emit(Command.SEND, items, body, content_length)
 
@@ -282,7 +285,14 @@ class StompSession:
         self._receipt(command, receipt, items)
         data = self._emit(command, items)
         self.transactions.discard(transaction)
+        held = self._tx_receipts.pop(transaction, ())
+        if command is Command.ABORT and self.broker.defers_transaction_receipts:
+            self.receipts.difference_update(held)  # they will never come
         return data
+
+    def receipt_waits_for_commit(self, transaction: Optional[str]) -> bool:
+        """True when a receipt asked on a frame of ``transaction`` comes only at COMMIT."""
+        return transaction is not None and self.broker.defers_transaction_receipts
 
     def ack(
         self,
@@ -313,7 +323,7 @@ class StompSession:
             if transaction is not None:
                 items.append((Header.TRANSACTION, transaction))
             if n == last:
-                self._receipt(Command.ACK, receipt, items)
+                self._receipt(Command.ACK, receipt, items, transaction)
             frames.append(self._emit(Command.ACK, items))
         del pending[: upto + 1]
         return b"".join(frames)
