@@ -312,7 +312,7 @@ class MalamuteClient:
             backlog.extend(proto.data_to_send())
             while backlog:
                 try:
-                    dealer.send_multipart(backlog[0], noblock, copy=False)
+                    dealer.send_multipart(backlog[0], noblock)
                 except zmq.Again:
                     break  # HWM reached (broker away): keep it and wait for POLLOUT
                 backlog.popleft()

@@ -148,7 +148,7 @@ class Broker:
 
     def _send(self, rid: bytes, frames: list) -> bool:
         try:
-            self._router.send_multipart([rid, *frames], zmq.NOBLOCK, copy=False)
+            self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
             return True
         except zmq.ZMQError:  # EHOSTUNREACH (peer gone) or EAGAIN (peer's queue full)
             return False
