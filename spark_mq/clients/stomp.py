@@ -26,7 +26,7 @@ import collections
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterable, Iterator, List, Optional, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Union
 from urllib.parse import unquote, urlsplit
 
 from spark_mq.errors import ConnectionClosedError, OptionError
@@ -48,6 +48,10 @@ from spark_mq.transport.stream import StreamDriver, TlsOptions, open_socket
 
 DEFAULT_PORT = 61613
 DEFAULT_TIMEOUT = 30.0
+#: Seconds a plain ``send`` may wait in the write buffer for more frames to share its write.
+DEFAULT_LINGER = 0.002
+#: Buffered SEND bytes that trigger a write at once.
+WRITE_BATCH_BYTES = 256 * 1024
 
 #: What ``disconnect`` does with transactions still open.
 ON_OPEN_TRANSACTION = ("abort", "commit", "error")
@@ -79,6 +83,7 @@ class StompClient:
         broker: Optional[BrokerProfile] = None,
         connect_headers: Optional[dict] = None,
         on_open_transaction: str = "abort",
+        linger: float = DEFAULT_LINGER,
     ) -> None:
         if on_open_transaction not in ON_OPEN_TRANSACTION:
             raise OptionError(f"on_open_transaction must be one of {ON_OPEN_TRANSACTION}, not {on_open_transaction!r}")
@@ -100,6 +105,15 @@ class StompClient:
         self._connected = _Waiter()
         self._error: Optional[BaseException] = None  # an ERROR frame nobody waited for
         self._closed: Optional[BaseException] = None  # why the stream ended
+        self._receivers_waiting = 0
+        self._callbacks: dict = {}  # subscription id -> on_message callback
+        # Write coalescing: plain sends go to _wbuf (under _write_lock); any other frame, a full
+        # buffer, or the flusher thread after ``linger`` seconds writes the buffer out, in order.
+        self._linger = linger
+        self._wbuf: list = []
+        self._wsize = 0
+        self._flush_due = threading.Event()
+        self._flusher: Optional[threading.Thread] = None
 
     @classmethod
     def from_uri(cls, uri: str, **kwargs) -> "StompClient":
@@ -132,6 +146,9 @@ class StompClient:
         if self._connected.error is not None:
             self._driver.close()
             raise self._connected.error
+        if self._linger > 0:
+            self._flusher = threading.Thread(target=self._flush_loop, name=f"stomp-flusher-{self.port}", daemon=True)
+            self._flusher.start()
         return self
 
     def __enter__(self) -> "StompClient":
@@ -181,9 +198,19 @@ class StompClient:
             self.close()
 
     def close(self) -> None:
-        """Close the socket at once (no DISCONNECT)."""
+        """Close the socket at once (no DISCONNECT; buffered sends are written first if the
+        connection still stands)."""
         if self._driver is not None:
+            with self._write_lock:
+                if self._wbuf and self._driver.alive:
+                    try:
+                        self._write_locked(b"")
+                    except ConnectionClosedError:
+                        pass
             self._driver.close()
+        self._flush_due.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(5)
 
     # -- operations --------------------------------------------------------------------------
     def send(
@@ -201,12 +228,18 @@ class StompClient:
         COMMIT's receipt is the confirmation, and none is asked for the SEND."""
         if receipt and self._session.receipt_waits_for_commit(transaction):
             receipt = False
-        if not receipt and headers is None and transaction is None and content_length is None:
-            self._raise_pending()
+        if not receipt and headers is None and transaction is None and content_length is None and not isinstance(body, str):
+            if self._error is not None or self._closed is not None or self._driver is None:
+                self._raise_pending()
             with self._write_lock:
                 with self._lock:
-                    data = self._session.send(destination, body)
-                self._driver.send(data)
+                    pieces = self._session.send_pieces(destination, body)
+                self._wbuf.extend(pieces)
+                self._wsize += len(body) + 64
+                if self._wsize >= WRITE_BATCH_BYTES or self._linger <= 0:
+                    self._write_locked(b"")
+                elif not self._flush_due.is_set():
+                    self._flush_due.set()
             return
         self._call(
             lambda s, r: s.send(destination, body, headers=headers, transaction=transaction, receipt=r, content_length=content_length),
@@ -247,16 +280,40 @@ class StompClient:
         with self._write_lock:
             with self._lock:
                 data = self._session.send_many(destination, batch, transaction=transaction)
+            self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> None:
+        """Write buffered sends and then ``data``, in one write.  Hold ``_write_lock``."""
+        if self._wbuf:
+            self._wbuf.append(data)
+            data = b"".join(self._wbuf)
+            self._wbuf = []
+            self._wsize = 0
+        if data:
             self._driver.send(data)
+
+    def _flush_loop(self) -> None:
+        """Flusher thread: after a buffered send, wait ``linger`` and write what is buffered."""
+        due = self._flush_due
+        while True:
+            due.wait()
+            if self._closed is not None or self._driver is None or not self._driver.alive:
+                return
+            time.sleep(self._linger)
+            due.clear()
+            with self._write_lock:
+                try:
+                    self._write_locked(b"")
+                except ConnectionClosedError:
+                    return
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Wait until the broker has processed every frame sent so far (an empty BEGIN/ABORT
         pair with a receipt: STOMP 1.0 has no other frame without side effects)."""
-        tx, data = None, None
         with self._write_lock:
             with self._lock:
                 tx, data = self._session.begin()
-            self._driver.send(data)
+            self._write_locked(data)
         self.abort(tx, receipt=True, timeout=timeout)
 
     def subscribe(
@@ -269,14 +326,19 @@ class StompClient:
         prefetch: Optional[int] = None,
         headers: Optional[dict] = None,
         receipt: bool = True,
+        on_message: Optional[Callable[[Frame], None]] = None,
     ) -> str:
         """SUBSCRIBE; returns the subscription id.  With ``receipt`` (default) a refusal raises
-        here rather than later."""
+        here rather than later.  Messages go to ``receive`` or, with ``on_message``, to that
+        callback on the reader thread (no hand-over between threads; it must not block on this
+        client's receive, and an exception from it ends the connection with that error)."""
         out: list = []
 
         def op(s: StompSession, r: Optional[str]) -> bytes:
             sub_id, data = s.subscribe(destination, id=id, ack=ack, selector=selector, prefetch=prefetch, headers=headers, receipt=r)
             out.append(sub_id)
+            if on_message is not None:
+                self._callbacks[sub_id] = on_message
             return data
 
         self._call(op, receipt=receipt)
@@ -336,13 +398,19 @@ class StompClient:
             pass
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._inbox_cond:
-            while not inbox:
-                self._raise_pending()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return None
-                self._inbox_cond.wait(remaining)
-            return inbox.popleft()
+            # Count ourselves as waiting *before* looking, so the reader's unlocked check of
+            # the count after adding messages cannot miss us.
+            self._receivers_waiting += 1
+            try:
+                while not inbox:
+                    self._raise_pending()
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._inbox_cond.wait(remaining)
+                return inbox.popleft()
+            finally:
+                self._receivers_waiting -= 1
 
     def receive_many(self, max_count: int, timeout: Optional[float] = None) -> List[Frame]:
         """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then takes
@@ -383,7 +451,7 @@ class StompClient:
                 data = op(self._session, rid)
                 if rid is not None:
                     waiter = self._waiters[rid] = _Waiter()
-            self._driver.send(data)
+            self._write_locked(data)
         if waiter is not None:
             timeout = self.timeout if timeout is None else timeout
             if not waiter.event.wait(timeout):
@@ -409,9 +477,15 @@ class StompClient:
         messages = []
         append = messages.append
         message = Command.MESSAGE
+        callbacks = self._callbacks
         for frame in frames:
             command = frame.command
             if command is message:
+                if callbacks:
+                    callback = callbacks.get(frame.headers.get(Header.SUBSCRIPTION))
+                    if callback is not None:
+                        callback(frame)
+                        continue
                 append(frame)
             elif command is Command.RECEIPT:
                 waiter = self._waiters.pop(frame.headers[Header.RECEIPT_ID], None)
@@ -423,8 +497,9 @@ class StompClient:
                 self._connected.event.set()
         if messages:
             self._inbox.extend(messages)
-            with self._inbox_cond:
-                self._inbox_cond.notify_all()
+            if self._receivers_waiting:
+                with self._inbox_cond:
+                    self._inbox_cond.notify_all()
 
     def _on_error(self, frame: Frame) -> None:
         error = frame.to_error()

@@ -39,6 +39,10 @@ class Command(str, enum.Enum):
     RECEIPT = "RECEIPT"
     ERROR = "ERROR"
 
+    # Enum's __hash__ is a Python function; members are looked up in dicts per frame, so use
+    # the C hash of the value (equal to Enum's: the name and value are the same string).
+    __hash__ = str.__hash__
+
     def __str__(self) -> str:
         return self.value
 

@@ -30,7 +30,7 @@ from spark_mq.protocol.stomp10._constants import (
     Header,
 )
 from spark_mq.protocol.stomp10._errors import FrameTooLargeError, IncompleteFrameError, StompRemoteProtocolError
-from spark_mq.protocol.stomp10._frame import Frame
+from spark_mq.protocol.stomp10._frame import Frame, unescape_value
 
 _CR = 0x0D
 _COMMAND_BY_NAME = {c.value: c for c in Command}
@@ -53,6 +53,10 @@ class FrameParser:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         self._commands = {c.value: c for c in commands}
+        # command name -> (command, required headers, is UNSUBSCRIBE): one lookup per frame
+        self._specs = {c.value: (c, REQUIRED_HEADERS[c], c is _UNSUBSCRIBE) for c in commands}
+        #: Undo 1.1-style escapes in header values (set for brokers that escape in 1.0 too).
+        self.unescape_headers = False
         self._max = max_frame_size
         self._buf = bytearray()
         # A frame whose head is parsed and whose body is still arriving:
@@ -202,22 +206,23 @@ class FrameParser:
             self._command(bytes(buf[pos : nl if nl >= 0 else head_end]))
             raise StompRemoteProtocolError(f"frame headers are not UTF-8: {exc}") from exc
         lines = text.split("\n")
-        command = self._commands.get(lines[0])
-        if command is None:
-            command = self._command(lines[0].encode(ENCODING))
+        spec = self._specs.get(lines[0])
+        if spec is None:
+            self._command(lines[0].encode(ENCODING))  # raises, naming the command
+        command, required, is_unsubscribe = spec
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep or not name:
-                raise StompRemoteProtocolError(
-                    f"header line {line[:60]!r} is not 'name:value'", command=command.value
-                )
+                raise StompRemoteProtocolError(f"header line {line[:60]!r} is not 'name:value'", command=command.value)
             if name not in headers:  # the first of repeated headers wins
                 headers[name] = value
-        for name in REQUIRED_HEADERS[command]:
+        if self.unescape_headers and "\\" in text:
+            headers = {unescape_value(k): unescape_value(v) for k, v in headers.items()}
+        for name in required:
             if name not in headers:
                 raise StompRemoteProtocolError("missing required header", command=command.value, header=name)
-        if command is _UNSUBSCRIBE and not any(h in headers for h in UNSUBSCRIBE_ONE_OF):
+        if is_unsubscribe and not any(h in headers for h in UNSUBSCRIBE_ONE_OF):
             raise StompRemoteProtocolError(
                 "UNSUBSCRIBE needs an id or destination header", command=command.value, header=Header.ID
             )

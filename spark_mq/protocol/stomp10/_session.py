@@ -30,13 +30,21 @@ from spark_mq.protocol.stomp10._constants import (
     Header,
 )
 from spark_mq.protocol.stomp10._errors import StompLocalProtocolError, StompRemoteProtocolError
-from spark_mq.protocol.stomp10._frame import Frame, HeaderItems, check_header, encode_frame, escape_value, unescape_value
+from spark_mq.protocol.stomp10._frame import Frame, HeaderItems, check_header, encode_frame, escape_value
 from spark_mq.protocol.stomp10._parser import FrameParser
 
 Body = Union[bytes, bytearray, memoryview, str]
 
+_MESSAGE = Command.MESSAGE
+_CLIENT_ACK = AckMode.CLIENT
+_SUBSCRIPTION = Header.SUBSCRIPTION
+_DESTINATION = Header.DESTINATION
+_MESSAGE_ID = Header.MESSAGE_ID
+
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are unique: identity hash, in C (Enum's is Python)
+
     IDLE = "idle"  # nothing sent yet
     CONNECTING = "connecting"  # CONNECT sent, waiting for CONNECTED
     CONNECTED = "connected"
@@ -188,6 +196,12 @@ class StompSession:
         for body in bodies:
             extend(self._send_pieces(destination, body, transaction))
         return b"".join(pieces)
+
+    def send_pieces(self, destination: str, body, transaction: Optional[str] = None) -> tuple:
+        """A SEND of a bytes body as pieces to join (for callers that batch writes)."""
+        if self.state is not State.CONNECTED:
+            self._check(Command.SEND)
+        return self._send_pieces(destination, body, transaction)
 
     def _send_pieces(self, destination: str, body, transaction: Optional[str] = None) -> tuple:
         key = destination if transaction is None else (destination, transaction)
@@ -372,23 +386,18 @@ class StompSession:
     def _apply(self, frames: List[Frame]) -> None:
         state = self.state
         subs = self.subscriptions
-        unescape = self.broker.escapes_received_headers
+        transitions = SERVER_TRANSITIONS
         for frame in frames:
             command = frame.command
-            nxt = SERVER_TRANSITIONS.get((state, command))
+            nxt = transitions.get((state, command))
             if nxt is None:
                 raise StompRemoteProtocolError(f"unexpected {command.value} in state {state.value}", command=command.value)
-            if unescape:
+            if command is _MESSAGE:
                 headers = frame.headers
-                for name, value in headers.items():
-                    if "\\" in value or "\\" in name:
-                        frame.headers = {unescape_value(k): unescape_value(v) for k, v in headers.items()}
-                        break
-            if command is Command.MESSAGE:
-                sub_id = frame.headers.get(Header.SUBSCRIPTION)
-                sub = subs.get(sub_id) if sub_id is not None else self._by_destination(frame.headers[Header.DESTINATION])
-                if sub is not None and sub.ack is AckMode.CLIENT:
-                    sub.pending.append(frame.headers[Header.MESSAGE_ID])
+                sub_id = headers.get(_SUBSCRIPTION)
+                sub = subs.get(sub_id) if sub_id is not None else self._by_destination(headers[_DESTINATION])
+                if sub is not None and sub.ack is _CLIENT_ACK:
+                    sub.pending.append(headers[_MESSAGE_ID])
             elif command is Command.RECEIPT:
                 rid = frame.headers[Header.RECEIPT_ID]
                 if rid not in self.receipts:
@@ -404,6 +413,7 @@ class StompSession:
                 self.server = frame.headers.get(Header.SERVER)
                 if not self._broker_forced:
                     self.broker = detect_broker(frame.headers)
+                self._parser.unescape_headers = self.broker.escapes_received_headers
             state = self.state = nxt
 
     def _by_destination(self, destination: str) -> Optional[Subscription]:
