@@ -11,12 +11,14 @@ import bench
 
 def main(argv: list[str]) -> int:
     names = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
-    wanted = [a for a in argv if not a.startswith("-")]
+    known = set(names) | {n.removeprefix("bench_") for n in names}
+    wanted = [a for a in argv if a in known]
+    rest = [a for a in argv if a not in known]  # flags and their values go to every benchmark
     if wanted:
         names = [n for n in names if n in wanted or n.removeprefix("bench_") in wanted]
     for name in names:
         print(f"== {name} ==", flush=True)
-        importlib.import_module(f"bench.{name}").main([a for a in argv if a.startswith("-")])
+        importlib.import_module(f"bench.{name}").main(rest)
     return 0
 
 

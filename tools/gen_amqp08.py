@@ -373,13 +373,14 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
         body.w(f'                f"content header for class {c["name"]} sets unknown property flags 0x{{flags:04X}}"')
         body.w("            )")
         body.w("        self = cls.__new__(cls)")
+        body.w("        " + " = ".join(f"self.{f.attr}" for f in props) + " = None")
+        body.w("        if not flags:")
+        body.w("            return self, o")
         for i, f in enumerate(props):
             mask = 1 << (15 - i)
             body.w(f"        if flags & 0x{mask:04X}:")
             for line in decode_prop(body, f):
                 body.w("            " + line)
-            body.w("        else:")
-            body.w(f"            self.{f.attr} = None")
         body.w("        return self, o")
     body.w()
     body.w()

@@ -58,24 +58,31 @@ class TimeoutError(SparkMqError, TimeoutError):  # noqa: A001 - also a builtin T
 
 
 class Message:
-    """A delivered, fetched or returned message."""
+    """A delivered, fetched or returned message: ``body``, ``properties`` and the method's fields
+    (``delivery_tag``, ``redelivered``, ``exchange``, ``routing_key``, ``consumer_tag``; for get-ok
+    ``message_count``; for returns ``reply_code`` and ``reply_text``).
 
-    __slots__ = ("body", "properties", "delivery_tag", "redelivered", "exchange", "routing_key",
-                 "consumer_tag", "message_count", "reply_code", "reply_text", "channel")
+    Fields are read from the decoded method on access: one of these is made per message, so it
+    copies nothing.
+    """
+
+    __slots__ = ("_event", "channel")
 
     def __init__(self, event: ContentReceived, channel: "Channel") -> None:
-        m = event.method
-        self.body = event.body
-        self.properties = event.properties
-        self.exchange = m.exchange
-        self.routing_key = m.routing_key
+        self._event = event
         self.channel = channel
-        self.delivery_tag = getattr(m, "delivery_tag", None)
-        self.redelivered = getattr(m, "redelivered", False)
-        self.consumer_tag = getattr(m, "consumer_tag", None)
-        self.message_count = getattr(m, "message_count", None)
-        self.reply_code = getattr(m, "reply_code", None)
-        self.reply_text = getattr(m, "reply_text", None)
+
+    body = property(lambda self: self._event[3], doc="the message body (bytes)")
+    properties = property(lambda self: self._event[2], doc="BasicProperties")
+    method = property(lambda self: self._event[1], doc="the deliver/get-ok/return method")
+    delivery_tag = property(lambda self: getattr(self._event[1], "delivery_tag", None))
+    redelivered = property(lambda self: getattr(self._event[1], "redelivered", False))
+    exchange = property(lambda self: self._event[1].exchange)
+    routing_key = property(lambda self: self._event[1].routing_key)
+    consumer_tag = property(lambda self: getattr(self._event[1], "consumer_tag", None))
+    message_count = property(lambda self: getattr(self._event[1], "message_count", None))
+    reply_code = property(lambda self: getattr(self._event[1], "reply_code", None))
+    reply_text = property(lambda self: getattr(self._event[1], "reply_text", None))
 
     def ack(self, multiple: bool = False) -> None:
         self.channel.basic_ack(self.delivery_tag, multiple)

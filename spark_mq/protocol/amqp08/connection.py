@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from operator import itemgetter
+from struct import Struct
 from typing import Callable, Optional
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
@@ -28,11 +30,10 @@ from spark_mq.protocol.amqp08.errors import (
     AuthenticationError,
 )
 from spark_mq.protocol.amqp08.frames import (
+    CONTENT_HEADER as _CONTENT_HEADER,
     DECODE_ERRORS,
     HEARTBEAT_FRAME,
-    FrameReader,
     content_frames,
-    decode_content_header,
     decode_method,
     method_frame,
 )
@@ -40,6 +41,16 @@ from spark_mq.protocol.amqp08.frames import (
 _METHOD, _HEADER, _BODY, _HEARTBEAT = (int(spec.FrameType.METHOD), int(spec.FrameType.HEADER),
                                        int(spec.FrameType.BODY), int(spec.FrameType.HEARTBEAT))
 _METHODS = spec.METHODS
+_DELIVER_INDEX = spec.BasicDeliver.INDEX
+_new_content = tuple.__new__
+_PROPERTIES = spec.PROPERTIES  # every content method's class has a properties class
+_FRAME_TYPES = frozenset(int(t) for t in spec.FrameType)
+_FRAME_END = spec.FRAME_END
+_unpack_frame_header = Struct(">BHI").unpack_from
+_unpack_class = Struct(">H").unpack_from
+_unpack_index = Struct(">I").unpack_from
+_unpack_body_size = Struct(">Q").unpack_from
+_decode_deliver = spec.BasicDeliver.decode
 #: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
 _REPLIES = frozenset(r for m in (*_METHODS.values(), *spec.RABBITMQ_METHODS.values()) for r in m.RESPONSES)
 
@@ -128,16 +139,24 @@ class MethodReceived(Event):
         self.method = method
 
 
-class ContentReceived(Event):
-    """A content-bearing method with its assembled properties and body (deliver, get-ok, return...)."""
+class ContentReceived(tuple):
+    """A content-bearing method with its assembled properties and body (deliver, get-ok, return...).
 
-    __slots__ = ("channel", "method", "properties", "body")
+    A tuple underneath: one is made per delivered message, and building a tuple costs less than
+    running an ``__init__``.
+    """
 
-    def __init__(self, channel, method, properties, body):
-        self.channel = channel
-        self.method = method
-        self.properties = properties
-        self.body = body
+    __slots__ = ()
+    channel = property(itemgetter(0))
+    method = property(itemgetter(1))
+    properties = property(itemgetter(2))
+    body = property(itemgetter(3))
+
+    def __new__(cls, channel, method, properties, body):
+        return tuple.__new__(cls, (channel, method, properties, body))
+
+    def __repr__(self) -> str:
+        return f"ContentReceived(channel={self[0]}, method={self[1]!r}, properties={self[2]!r}, {len(self[3])} bytes)"
 
 
 class FlowChanged(Event):
@@ -252,7 +271,7 @@ class Connection:
         self.frame_max = 0
         self.heartbeat = 0
         self.close_error: Optional[BaseException] = None
-        self._reader = FrameReader()
+        self._buf = bytearray()  # received bytes not yet cut into frames, trimmed once per call
         self._out: list = []
         self._channels: dict[int, _Channel] = {}
         self._next_channel = 1
@@ -301,14 +320,70 @@ class Connection:
                 )
             self._header_checked = True
         events: list[Event] = []
+        buf = self._buf
+        buf += data
+        n = len(buf)
+        o = 0
+        limit = self.frame_max or spec.FRAME_MIN_SIZE
+        channels = self._channels
+        view = memoryview(buf)
         try:
-            for ftype, channel, payload in self._reader.feed(data):
-                if ftype == _METHOD:
-                    self._on_method_frame(channel, payload, events)
-                elif ftype == _BODY:
-                    self._on_body(channel, payload, events)
+            while n - o >= 7:
+                ftype, channel, size = _unpack_frame_header(buf, o)
+                start = o + 7
+                end = start + size
+                if size + 8 > limit:
+                    raise RemoteProtocolError(
+                        f"frame of {size + 8} bytes (type {ftype}, channel {channel}) "
+                        f"exceeds the negotiated frame-max {limit}"
+                    )
+                if end >= n:
+                    if ftype not in _FRAME_TYPES:
+                        raise RemoteProtocolError(f"unknown frame type {ftype} on channel {channel}")
+                    break
+                if buf[end] != _FRAME_END:
+                    raise RemoteProtocolError(
+                        f"frame (type {ftype}, channel {channel}, size {size}) ends with 0x{buf[end]:02X}, "
+                        f"not the frame-end octet 0x{_FRAME_END:02X}"
+                    )
+                o = end + 1
+                # Fast paths for a consumer's steady state (basic.deliver, header, one body frame),
+                # decoding in place from the receive buffer. Anything unusual takes the general path,
+                # which checks everything.
+                ch = channels.get(channel)
+                if ftype == _BODY:
+                    if (ch is not None and ch.content_props is not None and not ch.content_parts
+                            and ch.content_size == size):
+                        events.append(_new_content(ContentReceived, (channel, ch.content_method,
+                                                                     ch.content_props, bytes(view[start:end]))))
+                        ch.content_method = ch.content_props = None
+                        ch.content_size = 0
+                    else:
+                        self._on_body(channel, bytes(view[start:end]), events)
+                elif ftype == _METHOD:
+                    if (ch is not None and _unpack_index(buf, start)[0] == _DELIVER_INDEX and ch.content_method is None
+                            and ch.state is ChanState.OPEN):
+                        ch.content_method, stop = _decode_deliver(buf, start + 4)
+                        if stop != end:
+                            raise RemoteProtocolError(
+                                f"basic.deliver on channel {channel}: arguments take {stop - start - 4} bytes "
+                                f"but the frame has {size - 4}"
+                            )
+                    else:
+                        self._on_method_frame(channel, bytes(view[start:end]), events)
                 elif ftype == _HEADER:
-                    self._on_header(channel, payload, events)
+                    if (ch is not None and ch.content_method is not None and ch.content_props is None
+                            and size >= 14 and _unpack_class(buf, start)[0] == ch.content_method.CLASS_ID):
+                        props, stop = _PROPERTIES[ch.content_method.CLASS_ID].decode(buf, start + 12)
+                        if stop != end:
+                            raise RemoteProtocolError(f"content header on channel {channel}: properties take "
+                                                      f"{stop - start} bytes, frame has {size}")
+                        ch.content_props = props
+                        ch.content_size = _unpack_body_size(buf, start + 4)[0]
+                        if ch.content_size == 0:
+                            self._content_done(ch, b"", events)
+                    else:
+                        self._on_header(channel, bytes(view[start:end]), events)
                 elif ftype == _HEARTBEAT:
                     if channel != 0:
                         raise RemoteProtocolError(f"heartbeat frame on channel {channel}; must be channel 0")
@@ -318,6 +393,10 @@ class Connection:
                     break
         except DECODE_ERRORS as exc:
             raise RemoteProtocolError(f"malformed frame from the broker: {exc}") from exc
+        finally:
+            view.release()
+            if o:
+                del buf[:o]
         return events
 
     def _on_method_frame(self, channel: int, payload, events: list) -> None:
@@ -416,7 +495,6 @@ class Connection:
             self.heartbeat = 0
         else:
             self.heartbeat = _negotiate(self._want_heartbeat, method.heartbeat)
-        self._reader.frame_max = self.frame_max
         self._send_method(0, spec.ConnectionTuneOk(channel_max=self.channel_max, frame_max=self.frame_max,
                                                    heartbeat=self.heartbeat))
         self._send_method(0, spec.ConnectionOpen(virtual_host=self.virtual_host, capabilities="",
@@ -490,15 +568,14 @@ class Connection:
         ch = self._channels.get(channel)
         if ch is None or ch.content_method is None or ch.content_props is not None:
             raise RemoteProtocolError(f"content header frame on channel {channel} without a content method")
-        class_id, size, o = decode_content_header(payload)
+        if len(payload) < 14:
+            raise RemoteProtocolError(f"content header frame of {len(payload)} bytes is too short")
+        class_id, _weight, size = _CONTENT_HEADER.unpack_from(payload, 0)
         if class_id != ch.content_method.CLASS_ID:
             raise RemoteProtocolError(
                 f"content header of class {class_id} after {ch.content_method.NAME} on channel {channel}"
             )
-        props_cls = spec.PROPERTIES.get(class_id)
-        if props_cls is None:
-            raise RemoteProtocolError(f"content header for class {class_id}, which has no properties")
-        props, end = props_cls.decode(payload, o)
+        props, end = _PROPERTIES[class_id].decode(payload, 12)
         if end != len(payload):
             raise RemoteProtocolError(
                 f"content header on channel {channel}: properties take {end} bytes, frame has {len(payload)}"

@@ -23,7 +23,8 @@ _HEADER = Struct(">BHI")
 HEADER_SIZE = _HEADER.size  # 7
 FRAME_OVERHEAD = HEADER_SIZE + 1  # header + frame-end octet
 _END = bytes([FRAME_END])
-_CONTENT_HEADER = Struct(">HHQ")  # class id, weight, body size
+CONTENT_HEADER = Struct(">HHQ")  # class id, weight, body size
+_CONTENT_HEADER = CONTENT_HEADER
 _pack_header = _HEADER.pack
 _unpack_header = _HEADER.unpack_from
 
@@ -98,23 +99,26 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def feed(self, data) -> Iterator[tuple[int, int, bytes]]:
+    def feed_all(self, data) -> list[tuple[int, int, bytes]]:
+        """Append ``data``; return every frame now complete as (type, channel, payload)."""
         buf = self._buf
         buf += data
         limit = self.frame_max or FRAME_MIN_SIZE
         n = len(buf)
         o = 0
+        out = []
+        append = out.append
         try:
             while n - o >= HEADER_SIZE:
                 ftype, channel, size = _unpack_header(buf, o)
-                if ftype not in _KNOWN_TYPES:
-                    raise RemoteProtocolError(f"unknown frame type {ftype} on channel {channel}")
+                end = o + HEADER_SIZE + size
                 if size + FRAME_OVERHEAD > limit:
                     raise RemoteProtocolError(
                         f"frame of {size + FRAME_OVERHEAD} bytes (type {ftype}, channel {channel}) "
                         f"exceeds the negotiated frame-max {limit}"
                     )
-                end = o + HEADER_SIZE + size
+                if ftype not in _KNOWN_TYPES:
+                    raise RemoteProtocolError(f"unknown frame type {ftype} on channel {channel}")
                 if end >= n:
                     break
                 if buf[end] != FRAME_END:
@@ -122,14 +126,15 @@ class FrameReader:
                         f"frame (type {ftype}, channel {channel}, size {size}) ends with 0x{buf[end]:02X}, "
                         f"not the frame-end octet 0x{FRAME_END:02X}"
                     )
-                yield ftype, channel, bytes(buf[o + HEADER_SIZE : end])
+                append((ftype, channel, bytes(buf[o + HEADER_SIZE : end])))
                 o = end + 1
         finally:
             if o:
                 del buf[:o]
+        return out
 
-    def feed_all(self, data) -> list[tuple[int, int, bytes]]:
-        return list(self.feed(data))
+    def feed(self, data) -> Iterator[tuple[int, int, bytes]]:
+        return iter(self.feed_all(data))
 
 
 def peek_protocol_header(data: bytes) -> Optional[bytes]:

@@ -3808,85 +3808,60 @@ class BasicProperties(Properties):
                 f"content header for class basic sets unknown property flags 0x{flags:04X}"
             )
         self = cls.__new__(cls)
+        self.content_type = self.content_encoding = self.headers = self.delivery_mode = self.priority = self.correlation_id = self.reply_to = self.expiration = self.message_id = self.timestamp = self.type = self.user_id = self.app_id = self.cluster_id = None
+        if not flags:
+            return self, o
         if flags & 0x8000:
             n = buf[o]
             self.content_type = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_type = None
         if flags & 0x4000:
             n = buf[o]
             self.content_encoding = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_encoding = None
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
-        else:
-            self.headers = None
         if flags & 0x1000:
             self.delivery_mode = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.delivery_mode = None
         if flags & 0x0800:
             self.priority = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.priority = None
         if flags & 0x0400:
             n = buf[o]
             self.correlation_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.correlation_id = None
         if flags & 0x0200:
             n = buf[o]
             self.reply_to = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.reply_to = None
         if flags & 0x0100:
             n = buf[o]
             self.expiration = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.expiration = None
         if flags & 0x0080:
             n = buf[o]
             self.message_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.message_id = None
         if flags & 0x0040:
             self.timestamp = _S_Q.unpack_from(buf, o)[0]
             o += _S_Q.size
-        else:
-            self.timestamp = None
         if flags & 0x0020:
             n = buf[o]
             self.type = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.type = None
         if flags & 0x0010:
             n = buf[o]
             self.user_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.user_id = None
         if flags & 0x0008:
             n = buf[o]
             self.app_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.app_id = None
         if flags & 0x0004:
             n = buf[o]
             self.cluster_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.cluster_id = None
         return self, o
 
 
@@ -3957,56 +3932,41 @@ class FileProperties(Properties):
                 f"content header for class file sets unknown property flags 0x{flags:04X}"
             )
         self = cls.__new__(cls)
+        self.content_type = self.content_encoding = self.headers = self.priority = self.reply_to = self.message_id = self.filename = self.timestamp = self.cluster_id = None
+        if not flags:
+            return self, o
         if flags & 0x8000:
             n = buf[o]
             self.content_type = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_type = None
         if flags & 0x4000:
             n = buf[o]
             self.content_encoding = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_encoding = None
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
-        else:
-            self.headers = None
         if flags & 0x1000:
             self.priority = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.priority = None
         if flags & 0x0800:
             n = buf[o]
             self.reply_to = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.reply_to = None
         if flags & 0x0400:
             n = buf[o]
             self.message_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.message_id = None
         if flags & 0x0200:
             n = buf[o]
             self.filename = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.filename = None
         if flags & 0x0100:
             self.timestamp = _S_Q.unpack_from(buf, o)[0]
             o += _S_Q.size
-        else:
-            self.timestamp = None
         if flags & 0x0080:
             n = buf[o]
             self.cluster_id = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.cluster_id = None
         return self, o
 
 
@@ -4061,32 +4021,25 @@ class StreamProperties(Properties):
                 f"content header for class stream sets unknown property flags 0x{flags:04X}"
             )
         self = cls.__new__(cls)
+        self.content_type = self.content_encoding = self.headers = self.priority = self.timestamp = None
+        if not flags:
+            return self, o
         if flags & 0x8000:
             n = buf[o]
             self.content_type = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_type = None
         if flags & 0x4000:
             n = buf[o]
             self.content_encoding = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.content_encoding = None
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
-        else:
-            self.headers = None
         if flags & 0x1000:
             self.priority = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.priority = None
         if flags & 0x0800:
             self.timestamp = _S_Q.unpack_from(buf, o)[0]
             o += _S_Q.size
-        else:
-            self.timestamp = None
         return self, o
 
 
@@ -4141,32 +4094,25 @@ class TunnelProperties(Properties):
                 f"content header for class tunnel sets unknown property flags 0x{flags:04X}"
             )
         self = cls.__new__(cls)
+        self.headers = self.proxy_name = self.data_name = self.durable = self.broadcast = None
+        if not flags:
+            return self, o
         if flags & 0x8000:
             self.headers, o = decode_table(buf, o)
-        else:
-            self.headers = None
         if flags & 0x4000:
             n = buf[o]
             self.proxy_name = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.proxy_name = None
         if flags & 0x2000:
             n = buf[o]
             self.data_name = _str(buf[o + 1:o + 1 + n])
             o += 1 + n
-        else:
-            self.data_name = None
         if flags & 0x1000:
             self.durable = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.durable = None
         if flags & 0x0800:
             self.broadcast = _S_B.unpack_from(buf, o)[0]
             o += _S_B.size
-        else:
-            self.broadcast = None
         return self, o
 
 

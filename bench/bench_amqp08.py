@@ -1,0 +1,205 @@
+"""AMQP 0-8 client versus pika (0-9-1) on the same RabbitMQ node, in the same run.
+
+For 100 B and 4 KiB bodies: publish rate (per-message ``basic_publish`` calls, and spark-mq's
+pipelined ``publish_many``), consume rate (``basic_consume``, manual acks with ``multiple`` every
+100 messages, prefetch 1000), and this process's CPU time per message (user+system, all threads).
+Each figure is the median of ``--rounds`` rounds; the ratios compare the two clients measured
+alternately in the same rounds, so a noisy machine affects both alike.
+
+Broker: ``SPARK_MQ_RABBITMQ_AMQP_URL`` if set, else a private node from the test harness.
+Run: ``./dev bench amqp08`` or ``python -m bench amqp08 [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import uuid
+
+from bench.common import measured, write_results
+
+SIZES = (100, 4096)
+
+
+def _counts(quick: bool) -> dict:
+    return {100: 20_000, 4096: 10_000} if quick else {100: 100_000, 4096: 30_000}
+
+
+# -- spark-mq --------------------------------------------------------------------------------
+
+
+def ours_publish(url: str, queue: str, body: bytes, n: int, pipelined: bool):
+    from spark_mq.clients.amqp08 import Connection
+
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        with measured() as m:
+            if pipelined:
+                ch.publish_many(("", queue, body, None) for _ in range(n))
+            else:
+                publish = ch.basic_publish
+                for _ in range(n):
+                    publish("", queue, body)
+            ch.queue_declare(queue, passive=True)  # a round trip: everything before it was processed
+    return m
+
+
+def ours_consume(url: str, queue: str, n: int):
+    from spark_mq.clients.amqp08 import Connection
+
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+        with measured() as m:
+            ch.basic_consume(queue)
+            got = 0
+            last = None
+            while got < n:
+                msg = ch.next_message(30)
+                if msg is None:
+                    raise RuntimeError(f"spark-mq consumer stalled after {got} of {n}")
+                got += 1
+                last = msg
+                if got % 100 == 0:
+                    ch.basic_ack(msg.delivery_tag, multiple=True)
+            if got % 100:
+                ch.basic_ack(last.delivery_tag, multiple=True)
+            ch.queue_declare(queue, passive=True)
+    return m
+
+
+# -- pika ------------------------------------------------------------------------------------
+
+
+def _pika_params(url: str):
+    import pika
+
+    return pika.URLParameters(url)
+
+
+def pika_publish(url: str, queue: str, body: bytes, n: int):
+    import pika
+
+    conn = pika.BlockingConnection(_pika_params(url))
+    ch = conn.channel()
+    with measured() as m:
+        publish = ch.basic_publish
+        for _ in range(n):
+            publish("", queue, body)
+        ch.queue_declare(queue, passive=True)
+    conn.close()
+    return m
+
+
+def pika_consume(url: str, queue: str, n: int):
+    import pika
+
+    conn = pika.BlockingConnection(_pika_params(url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1000)
+    got = 0
+    last = None
+    with measured() as m:
+        for method, _props, _body in ch.consume(queue, inactivity_timeout=30):
+            if method is None:
+                raise RuntimeError(f"pika consumer stalled after {got} of {n}")
+            got += 1
+            last = method.delivery_tag
+            if got % 100 == 0:
+                ch.basic_ack(last, multiple=True)
+            if got == n:
+                break
+        if got % 100:
+            ch.basic_ack(last, multiple=True)
+        ch.cancel()
+        ch.queue_declare(queue, passive=True)
+    conn.close()
+    return m
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+def _broker_url() -> tuple[str, object]:
+    import os
+
+    url = os.environ.get("SPARK_MQ_RABBITMQ_AMQP_URL")
+    if url:
+        return url, None
+    from tests.integration.brokers import start_rabbitmq
+
+    node = start_rabbitmq()
+    return node.url("amqp"), node
+
+
+def main(argv: list[str]) -> dict:
+    ap = argparse.ArgumentParser(prog="bench_amqp08")
+    ap.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    counts = _counts(args.quick)
+    url, node = _broker_url()
+    try:
+        return _run(url, counts, args.rounds)
+    finally:
+        if node is not None:
+            node.stop()
+
+
+def _run(url: str, counts: dict, rounds: int) -> dict:
+    import pika
+
+    setup = pika.BlockingConnection(_pika_params(url))
+    sch = setup.channel()
+    results = {}
+    for size in SIZES:
+        n = counts[size]
+        body = bytes(size)
+        samples = {k: [] for k in ("ours_pub", "ours_pub_pipelined", "pika_pub", "ours_con", "pika_con")}
+        for _ in range(rounds):
+            for who in ("pika", "ours"):
+                queue = f"bench-{uuid.uuid4().hex[:8]}"
+                sch.queue_declare(queue, auto_delete=False)
+                if who == "ours":
+                    samples["ours_pub"].append(ours_publish(url, queue, body, n, pipelined=False))
+                    samples["ours_con"].append(ours_consume(url, queue, n))
+                    sch.queue_purge(queue)
+                    samples["ours_pub_pipelined"].append(ours_publish(url, queue, body, n, pipelined=True))
+                else:
+                    samples["pika_pub"].append(pika_publish(url, queue, body, n))
+                    samples["pika_con"].append(pika_consume(url, queue, n))
+                sch.queue_delete(queue)
+        row = {}
+        for key, ms in samples.items():
+            row[key] = {
+                "msgs_per_s": statistics.median(n / m.wall for m in ms),
+                "cpu_us_per_msg": statistics.median(m.cpu / n * 1e6 for m in ms),
+            }
+        row["n"] = n
+        row["publish_rate_ratio"] = row["ours_pub"]["msgs_per_s"] / row["pika_pub"]["msgs_per_s"]
+        row["publish_cpu_ratio"] = row["ours_pub"]["cpu_us_per_msg"] / row["pika_pub"]["cpu_us_per_msg"]
+        row["consume_rate_ratio"] = row["ours_con"]["msgs_per_s"] / row["pika_con"]["msgs_per_s"]
+        row["consume_cpu_ratio"] = row["ours_con"]["cpu_us_per_msg"] / row["pika_con"]["cpu_us_per_msg"]
+        results[f"{size}B"] = row
+    setup.close()
+    _print(results)
+    write_results("amqp08", {"rounds": rounds, "sizes": results})
+    return results
+
+
+def _print(results: dict) -> None:
+    print(f"{'body':>6} {'path':<26} {'msg/s':>10} {'CPU us/msg':>11}")
+    for size, row in results.items():
+        for key, label in (("ours_pub", "spark-mq publish"), ("ours_pub_pipelined", "spark-mq publish_many"),
+                           ("pika_pub", "pika publish"), ("ours_con", "spark-mq consume+ack"),
+                           ("pika_con", "pika consume+ack")):
+            print(f"{size:>6} {label:<26} {row[key]['msgs_per_s']:>10,.0f} {row[key]['cpu_us_per_msg']:>11.2f}")
+        print(f"{size:>6} ratios vs pika: publish rate x{row['publish_rate_ratio']:.2f}, "
+              f"publish CPU x{row['publish_cpu_ratio']:.2f}, consume rate x{row['consume_rate_ratio']:.2f}, "
+              f"consume CPU x{row['consume_cpu_ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
