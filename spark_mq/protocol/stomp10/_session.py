@@ -363,19 +363,17 @@ class StompSession:
 
     # -- server frames -----------------------------------------------------------------------
     def receive_data(self, data: bytes) -> List[Frame]:
-        """Parse ``data``; return the complete frames.  On a protocol error, the frames that
-        were complete before it are in ``take_parsed()``."""
+        """Parse ``data``; return the complete frames.  On a protocol error, the valid frames
+        that came before the fault are in ``take_parsed()``."""
         try:
             frames = self._parser.feed(data)
         except StompRemoteProtocolError:
-            self._apply(self._parser_frames_before_error())
+            frames = self._parser.take_parsed()
+            self._apply(frames)  # may raise for one of them; then it keeps those before it
+            self._salvaged = frames
             raise
         self._apply(frames)
         return frames
-
-    def _parser_frames_before_error(self) -> List[Frame]:
-        self._salvaged = self._parser.take_parsed()
-        return self._salvaged
 
     def take_parsed(self) -> List[Frame]:
         """After ``receive_data`` raised: the valid frames that preceded the bad bytes."""
@@ -387,10 +385,11 @@ class StompSession:
         state = self.state
         subs = self.subscriptions
         transitions = SERVER_TRANSITIONS
-        for frame in frames:
+        for index, frame in enumerate(frames):
             command = frame.command
             nxt = transitions.get((state, command))
             if nxt is None:
+                self._salvaged = frames[:index]
                 raise StompRemoteProtocolError(f"unexpected {command.value} in state {state.value}", command=command.value)
             if command is _MESSAGE:
                 headers = frame.headers
@@ -401,6 +400,7 @@ class StompSession:
             elif command is Command.RECEIPT:
                 rid = frame.headers[Header.RECEIPT_ID]
                 if rid not in self.receipts:
+                    self._salvaged = frames[:index]
                     raise StompRemoteProtocolError(f"receipt for {rid!r}, which was not asked for", command=command.value, header=Header.RECEIPT_ID)
                 self.receipts.discard(rid)
             elif command is Command.ERROR:
