@@ -1,64 +1,122 @@
 #!/usr/bin/env bash
-# Implementation of ./dev: idempotent set-up (system packages, venv, Python deps), then the verb.
+# Implementation of ./dev: idempotent set-up (system packages, Java, venv, Python deps, brokers), then the verb.
+# Never reads stdin (CI has none); apt runs non-interactively and does not start system services.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${SPARK_MQ_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+JAVA_MIN=17
+export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
 
 log() { printf '[spark-mq] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null 2>&1; then sudo -n "$@"; else return 1; fi
 }
 
 APT_UPDATED=0
+apt_get() {
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" </dev/null
+}
+
 apt_install() {
-  # apt_install PKG...: install Debian packages that are missing, when we may.
-  local missing=()
+  # apt_install PKG...: install the Debian packages that are missing, when we may (root or sudo -n).
+  # Package scripts must not start system services (a system RabbitMQ/ActiveMQ would hold 5672/61613):
+  # a temporary policy-rc.d forbids it; the tests run private brokers on free ports anyway.
+  local missing=() p
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "${SPARK_MQ_NO_APT:-0}" = 1 ]; then
     log "missing Debian packages ${missing[*]} and SPARK_MQ_NO_APT=1: not installing"; return 1
   fi
+  command -v apt-get >/dev/null 2>&1 || { log "missing ${missing[*]} and no apt-get here"; return 1; }
   log "installing Debian packages: ${missing[*]}"
-  if [ $APT_UPDATED = 0 ]; then as_root apt-get update -qq || return 1; APT_UPDATED=1; fi
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  local policy=/usr/sbin/policy-rc.d own_policy=0 rc=0
+  if [ ! -e "$policy" ] && as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"; then
+    own_policy=1
+  fi
+  if [ $APT_UPDATED = 0 ]; then apt_get update >/dev/null || rc=$?; APT_UPDATED=1; fi
+  if [ $rc = 0 ]; then apt_get install --no-install-recommends "${missing[@]}" >/dev/null || rc=$?; fi
+  [ $own_policy = 1 ] && as_root rm -f "$policy"
+  return $rc
 }
 
 setup_python() {
   if [ ! -x "$VENV/bin/python" ]; then
     log "creating virtual environment $VENV"
     if ! "$PY" -m venv "$VENV" 2>/dev/null; then
-      apt_install python3-venv
+      rm -rf "$VENV"
+      apt_install python3-venv || die "python3 -m venv does not work and python3-venv cannot be installed"
       "$PY" -m venv "$VENV"
     fi
   fi
   local stamp="$VENV/.spark-mq-installed"
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing Python dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e ".[test]"
+    "$VENV/bin/python" -m pip install -q --upgrade pip </dev/null
+    "$VENV/bin/python" -m pip install -q -e ".[test]" </dev/null
     touch "$stamp"
   fi
 }
 
+java_major() {
+  # Major version of `java` on PATH (17 for "17.0.15", 8 for "1.8.0_392"), empty when there is none.
+  command -v java >/dev/null 2>&1 || return 0
+  java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -1 |
+    awk '{ print ($1 == 1) ? $2 : $1 }'
+}
+
 setup_java() {
-  if ! command -v java >/dev/null 2>&1; then
-    apt_install openjdk-17-jre-headless || { log "Spark needs Java 17+: install a JRE"; exit 1; }
+  local major; major="$(java_major)"
+  if [ -z "$major" ] || [ "$major" -lt $JAVA_MIN ]; then
+    log "Spark 4 and ActiveMQ need Java $JAVA_MIN+ (found: ${major:-none})"
+    apt_install openjdk-17-jre-headless || die "install a Java $JAVA_MIN+ runtime (apt-get install openjdk-17-jre-headless)"
+    major="$(java_major)"
+    [ -n "$major" ] && [ "$major" -ge $JAVA_MIN ] || die "java on PATH is still older than $JAVA_MIN"
   fi
-  java -version 2>&1 | head -1 >&2
+  log "java $major: $(command -v java)"
 }
 
 setup_brokers() {
-  # Brokers the integration tests start privately (see tests/integration/brokers.py).
-  # Missing binaries are installed from Debian when we are root (or have sudo); otherwise the
-  # tests fail and say how to get a broker (or set SPARK_MQ_*_URL).
-  apt_install rabbitmq-server activemq || log "could not install brokers from Debian; tests will say what is missing"
-  # The Debian packages start system-wide services; the tests run their own private nodes.
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet rabbitmq-server 2>/dev/null; then
-    as_root systemctl stop rabbitmq-server || true
+  # The integration tests start private brokers from these packages (tests/integration/brokers.py) on free
+  # loopback ports; no system service is used or needed. Missing packages are installed when we are root or
+  # have sudo; otherwise the tests fail and say how to get a broker (or set SPARK_MQ_*_URL).
+  local need=()
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq-server)
+  [ -f /usr/share/activemq/bin/activemq.jar ] || need+=(activemq)
+  [ ${#need[@]} -eq 0 ] && return 0
+  if apt_install "${need[@]}"; then
+    # Should a package script have started a service anyway (no policy-rc.d support), stop what we started.
+    local svc
+    for svc in "${need[@]}"; do
+      if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+        as_root systemctl stop "$svc" || true
+      elif command -v service >/dev/null 2>&1; then
+        as_root service "$svc" stop >/dev/null 2>&1 || true
+      fi
+    done
+  else
+    log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
   fi
+}
+
+run_pytest() {
+  # Whole tests/ tree unless paths are given; extra arguments go to pytest. Exit code 5 (nothing collected)
+  # is a failure too: a suite that silently lost its tests must not pass CI.
+  local has_path=0 a
+  for a in "$@"; do
+    case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && has_path=1 ;; esac
+  done
+  local args=("$@")
+  [ $has_path = 1 ] || args=(tests "${args[@]}")
+  log "running: pytest ${args[*]}"
+  local rc=0
+  "$VENV/bin/python" -m pytest "${args[@]}" </dev/null || rc=$?
+  if [ $rc = 5 ]; then log "pytest collected no tests: failing"; fi
+  return $rc
 }
 
 verb="${1:-help}"; shift || true
@@ -67,14 +125,13 @@ case "$verb" in
     setup_java; setup_python; setup_brokers ;;
   test)
     setup_java; setup_python; setup_brokers
-    log "running the whole test suite"
-    exec "$VENV/bin/python" -m pytest tests "$@" ;;
+    run_pytest "$@" ;;
   demo)
     setup_java; setup_python
-    exec "$VENV/bin/python" -m spark_mq.demo "$@" ;;
+    exec "$VENV/bin/python" -m spark_mq.demo "$@" </dev/null ;;
   bench)
     setup_java; setup_python; setup_brokers
-    exec "$VENV/bin/python" -m bench "$@" ;;
+    exec "$VENV/bin/python" -m bench "$@" </dev/null ;;
   shell)
     setup_python; exec bash --rcfile <(echo "source '$VENV/bin/activate'") ;;
   *)

@@ -115,6 +115,7 @@ def test_rabbitmq_kill_refuses_and_restart_keeps_durable_queue(rabbitmq_isolated
                               mandatory=True)
     finally:
         conn.close()
+    node.sync()  # without it RabbitMQ 3.10 sometimes forgets a queue declared just before SIGKILL
 
     node.kill()
     assert _refused(node.amqp_port) and _refused(node.stomp_port)
