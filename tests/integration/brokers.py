@@ -42,18 +42,18 @@ ActiveMQ only:
 
 Functions: rabbitmq_from_environment_or_start(), activemq_from_environment_or_start() (selection 1-4),
 start_rabbitmq(**kw), start_activemq(**kw) (selection 2-4: always a private, managed broker).
+Socket helpers (from broker_net.py, importable from here): free_ports(n), port_accepts(port), amqp_probe(port),
+stomp_probe(port, login=, passcode=), listening_sockets(pids), is_loopback(ip). Docker handles: broker_containers.py.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import random
 import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,8 +62,12 @@ import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
+from broker_net import (  # noqa: F401 - re-exported: tests use brokers.<helper>
+    AMQP_PROTOCOL_HEADER, LOOPBACK, amqp_probe, free_ports, is_loopback, listening_sockets, port_accepts,
+    stomp_probe, wait_port_refuses,
+)
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-LOOPBACK = "127.0.0.1"
 
 ENV_RABBITMQ_AMQP_URL = "SPARK_MQ_RABBITMQ_AMQP_URL"
 ENV_RABBITMQ_STOMP_URL = "SPARK_MQ_RABBITMQ_STOMP_URL"
@@ -86,10 +90,6 @@ CTL_TIMEOUT = 60.0
 APT_TIMEOUT = 900.0
 ACTIVEMQ_HEAP = "-Xmx512m"
 
-AMQP_PROTOCOL_HEADER = b"AMQP\x01\x01\x08\x00"  # AMQP 0-8 as RabbitMQ expects it
-STOMP_CONNECT = b"CONNECT\nlogin:%s\npasscode:%s\n\n\x00"
-STOMP_CONNECT_ANONYMOUS = b"CONNECT\n\n\x00"
-STOMP_DISCONNECT = b"DISCONNECT\n\n\x00"
 
 _POLL = 0.1
 _PLACEHOLDER = re.compile(r"@[A-Z_]+@")
@@ -105,103 +105,6 @@ class BrokerUnavailable(BrokerError):
 
 class BrokerControlError(BrokerError):
     """The operation needs a harness-managed broker (kill/restart/ctl on an external one, stop on the shared one)."""
-
-
-# ----------------------------------------------------------------------------------------------- ports
-
-_ports_lock = threading.Lock()
-_ports_given: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback TCP ports free right now, below the ephemeral range when possible.
-
-    Below the ephemeral range, no outgoing connection can take the port while a killed broker is down, so
-    restart() finds its ports free again. Ports handed out earlier in this process are never reused.
-    """
-    low, high = 20000, _ephemeral_low() - 1
-    chosen: list[int] = []
-    with _ports_lock:
-        for _ in range(count):
-            for attempt in range(200):
-                port = random.randint(low, high) if high > low and attempt < 150 else 0
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    try:
-                        s.bind((LOOPBACK, port))
-                    except OSError:
-                        continue
-                    port = s.getsockname()[1]
-                if port not in _ports_given and port not in chosen and _refuses(port):
-                    chosen.append(port)
-                    break
-            else:
-                raise BrokerError("no free loopback port found")
-        _ports_given.update(chosen)
-    return chosen
-
-
-def _refuses(port: int, host: str = LOOPBACK) -> bool:
-    """True when nothing accepts on host:port (a bind test alone misses listeners on other addresses)."""
-    return not port_accepts(port, host, timeout=0.2)
-
-
-def port_accepts(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def wait_port_refuses(port: int, host: str = LOOPBACK, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while port_accepts(port, host, timeout=0.5):
-        if time.monotonic() > deadline:
-            raise BrokerError(f"{host}:{port} still accepts connections {timeout:.0f}s after the broker was killed")
-        time.sleep(_POLL)
-
-
-# ----------------------------------------------------------------------------------------------- raw probes
-
-
-def _recv_until(sock: socket.socket, done, limit: int = 65536) -> bytes:
-    data = b""
-    while not done(data) and len(data) < limit:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def amqp_probe(port: int, host: str = LOOPBACK, timeout: float = 5.0) -> bytes:
-    """Send the AMQP 0-8 protocol header and return the first frame's bytes (header, payload, frame-end)."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(AMQP_PROTOCOL_HEADER)
-        data = _recv_until(s, lambda d: len(d) >= 7 and len(d) >= 8 + int.from_bytes(d[3:7], "big"))
-    return data
-
-
-def stomp_probe(port: int, host: str = LOOPBACK, *, login: str | None = None, passcode: str | None = None,
-                timeout: float = 5.0) -> bytes:
-    """Send a STOMP CONNECT (with login/passcode when given) and return the reply frame up to its NUL."""
-    frame = STOMP_CONNECT_ANONYMOUS if login is None else STOMP_CONNECT % (login.encode(), (passcode or "").encode())
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(frame)
-        data = _recv_until(s, lambda d: b"\x00" in d)
-        if data.startswith(b"CONNECTED"):
-            try:
-                s.sendall(STOMP_DISCONNECT)
-            except OSError:
-                pass
-    return data
 
 
 # ----------------------------------------------------------------------------------------------- processes
@@ -761,141 +664,6 @@ class ExternalBroker(Broker):
         return f"<ExternalBroker {self.kind} {self.host} {self._ports}>"
 
 
-# ----------------------------------------------------------------------------------------------- Docker
-
-
-class _ContainerBroker(Broker):
-    """A broker in a Docker container (testcontainers), ports published on 127.0.0.1 only.
-
-    Only used when no local binary exists and a Docker engine answers; not exercised on machines without Docker.
-    """
-
-    image = ""
-    container_ports: dict[str, int] = {}
-
-    def __init__(self, image: str) -> None:
-        super().__init__()
-        self.image = image
-        ports = free_ports(len(self.container_ports))
-        self._ports = dict(zip(self.container_ports, ports))
-        self._container = None
-
-    def _configure(self, container) -> None:
-        pass
-
-    def _launch(self) -> None:
-        if self._container is None:
-            from testcontainers.core.container import DockerContainer
-
-            container = DockerContainer(self.image)
-            for scheme, inner in self.container_ports.items():
-                container.with_bind_ports(inner, (LOOPBACK, self._ports[scheme]))
-            self._configure(container)
-            self._container = container.start()
-        else:
-            self._container.get_wrapped_container().start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._ready():
-            if time.monotonic() > deadline:
-                logs = self._container.get_wrapped_container().logs(tail=30).decode(errors="replace")
-                raise BrokerUnavailable(f"{self!r} not ready after {START_TIMEOUT:.0f}s\n{logs}")
-            time.sleep(0.5)
-
-    def _ready(self) -> bool:
-        raise NotImplementedError
-
-    def _alive(self) -> bool:
-        if self._container is None:
-            return False
-        wrapped = self._container.get_wrapped_container()
-        wrapped.reload()
-        return wrapped.status == "running"
-
-    def is_running(self) -> bool:
-        return self._alive() and all(port_accepts(p) for p in self._ports.values())
-
-    def _kill(self) -> None:
-        self._container.get_wrapped_container().kill()
-
-    def _terminate(self) -> None:
-        if self._container is not None:
-            self._container.stop()
-
-    def pids(self) -> list[int]:
-        raise BrokerControlError(f"{self!r} runs in a container: its processes are not visible here")
-
-
-class RabbitMQContainer(_ContainerBroker):
-    kind = "rabbitmq"
-    user = "guest"
-    password = "guest"
-    vhost = "/"
-    container_ports = {"amqp": 5672, "stomp": 61613}
-
-    def _configure(self, container) -> None:
-        container.with_command("sh -c 'rabbitmq-plugins enable --offline rabbitmq_stomp && "
-                               "exec docker-entrypoint.sh rabbitmq-server'")
-
-    @property
-    def amqp_port(self) -> int:
-        return self._ports["amqp"]
-
-    @property
-    def stomp_port(self) -> int:
-        return self._ports["stomp"]
-
-    def _ready(self) -> bool:
-        try:
-            return amqp_probe(self.amqp_port, timeout=2)[:1] == b"\x01" and \
-                stomp_probe(self.stomp_port, login="guest", passcode="guest", timeout=2).startswith(b"CONNECTED")
-        except OSError:
-            return False
-
-    def ctl(self, *args: str, timeout: float = CTL_TIMEOUT) -> str:
-        code, out = self._container.get_wrapped_container().exec_run(["rabbitmqctl", "-q", *args])
-        text = out.decode(errors="replace")
-        if code != 0:
-            raise BrokerError(f"rabbitmqctl {' '.join(args)} failed ({code}): {text.strip()[-2000:]}")
-        return text
-
-    sync = RabbitMQ.sync
-    add_vhost = RabbitMQ.add_vhost
-    delete_vhost = RabbitMQ.delete_vhost
-    add_user = RabbitMQ.add_user
-    delete_user = RabbitMQ.delete_user
-    set_permissions = RabbitMQ.set_permissions
-
-
-class ActiveMQContainer(_ContainerBroker):
-    kind = "activemq"
-    container_ports = {"stomp": 61613}
-
-    @property
-    def stomp_port(self) -> int:
-        return self._ports["stomp"]
-
-    def _ready(self) -> bool:
-        try:
-            return stomp_probe(self.stomp_port, timeout=2).startswith(b"CONNECTED")
-        except OSError:
-            return False
-
-
-def docker_answers() -> str | None:
-    """None when a Docker engine answers a ping, else the reason it does not."""
-    try:
-        import docker
-    except ImportError:
-        return "the docker Python package is not installed"
-    try:
-        client = docker.from_env(timeout=5)
-        client.ping()
-        client.close()
-    except Exception as exc:  # noqa: BLE001 - docker raises many unrelated types for "no engine"
-        return f"no Docker engine answers ({type(exc).__name__}: {str(exc)[:120]})"
-    return None
-
-
 # ----------------------------------------------------------------------------------------------- selection
 
 _apt_lock = threading.Lock()
@@ -987,8 +755,12 @@ def start_rabbitmq(base_dir: Path | None = None) -> Broker:
             tried.append("rabbitmq-server found but no Erlang (erl/epmd) on PATH")
         else:
             return RabbitMQ(bin_dir, base_dir=base_dir).start()
+    from broker_containers import docker_answers
+
     why_not = docker_answers()
     if why_not is None:
+        from broker_containers import RabbitMQContainer
+
         return RabbitMQContainer(os.environ.get(ENV_RABBITMQ_IMAGE, DEFAULT_RABBITMQ_IMAGE)).start()
     tried.append(why_not)
     raise BrokerUnavailable("No RabbitMQ available: " + "; ".join(tried) + "\n" + _RABBITMQ_HELP)
@@ -1011,8 +783,12 @@ def start_activemq(users: dict[str, str] | None = None, base_dir: Path | None = 
     if users:
         tried.append("users= needs a local ActiveMQ (the container path does not configure authentication)")
     else:
+        from broker_containers import docker_answers
+
         why_not = docker_answers()
         if why_not is None:
+            from broker_containers import ActiveMQContainer
+
             return ActiveMQContainer(os.environ.get(ENV_ACTIVEMQ_IMAGE, DEFAULT_ACTIVEMQ_IMAGE)).start()
         tried.append(why_not)
     raise BrokerUnavailable("No ActiveMQ available: " + "; ".join(tried) + "\n" + _ACTIVEMQ_HELP)
@@ -1035,49 +811,3 @@ def activemq_from_environment_or_start() -> Broker:
     return start_activemq()
 
 
-# ----------------------------------------------------------------------------------------------- socket checks
-
-
-def _hex_addr(text: str) -> str:
-    """/proc/net/tcp{,6} address (little-endian 32-bit words) to a printable IP."""
-    raw = bytes.fromhex(text)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
-
-
-def listening_sockets(pids: list[int]) -> list[tuple[str, int, int]]:
-    """(ip, port, pid) of every TCP socket in LISTEN state owned by one of `pids` (from /proc)."""
-    inode_pid: dict[str, int] = {}
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inode_pid[target[8:-1]] = pid
-        except OSError:
-            continue
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and inode in inode_pid:  # 0A = TCP_LISTEN
-                addr, port = local.rsplit(":", 1)
-                found.append((_hex_addr(addr), int(port, 16), inode_pid[inode]))
-    return found
-
-
-def is_loopback(ip: str) -> bool:
-    import ipaddress
-
-    addr = ipaddress.ip_address(ip)
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_loopback
