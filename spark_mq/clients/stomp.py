@@ -138,8 +138,10 @@ class StompClient:
         self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}")
         with self._lock:
             data = self._session.connect(self._login, self._passcode, self._connect_headers)
-        self._driver.start()
+        # CONNECT goes out before the reader thread starts, so a TLS socket is not read and
+        # written by two threads at once during the first exchange.
         self._driver.send(data)
+        self._driver.start()
         if not self._connected.event.wait(self.timeout):
             self._driver.abort(ConnectionClosedError("no CONNECTED frame"))
             raise ConnectionClosedError(f"no CONNECTED from {self.host}:{self.port} within {self.timeout}s")
@@ -536,8 +538,9 @@ class StompClient:
         self._closed = closed
         if self._driver is not None and exc is not None:
             self._driver.abort(closed)  # close the socket if the driver has not (protocol error)
-        self._connected.error = self._connected.error or self._error or closed
-        self._connected.event.set()
+        if not self._connected.event.is_set():  # ended before CONNECTED: connect() raises
+            self._connected.error = self._connected.error or self._error or closed
+            self._connected.event.set()
         self._wake_all(self._error or closed)
 
     def _wake_all(self, error: BaseException) -> None:

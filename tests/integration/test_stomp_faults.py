@@ -135,3 +135,60 @@ def test_nothing_listening():
         port = s.getsockname()[1]
     with pytest.raises(ConnectionClosedError, match="cannot connect"):
         StompClient("127.0.0.1", port, timeout=5).connect()
+
+
+def test_tls_connection(tmp_path):
+    """CONNECT, SEND and a MESSAGE over TLS to a scripted peer with a fresh self-signed cert."""
+    import shutil
+    import ssl
+    import subprocess
+
+    from spark_mq.transport.stream import TlsOptions
+
+    openssl = shutil.which("openssl")
+    assert openssl, "the TLS test needs the openssl command (Debian package openssl)"
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(10)
+    port = listener.getsockname()[1]
+    seen: list = []
+
+    def serve():
+        raw, _ = listener.accept()
+        with ctx.wrap_socket(raw, server_side=True) as conn:
+            conn.settimeout(10)
+            data = b""
+            while data.count(b"\x00") < 3:  # CONNECT, SUBSCRIBE, SEND
+                data += conn.recv(4096)
+                if data.count(b"\x00") == 1 and not seen:
+                    seen.append(data)
+                    conn.sendall(CONNECTED)
+                if b"SUBSCRIBE" in data and b"receipt:" in data and len(seen) == 1:
+                    rid = data.split(b"receipt:")[1].split(b"\n")[0]
+                    conn.sendall(b"RECEIPT\nreceipt-id:" + rid + b"\n\n\x00")
+                    seen.append(rid)
+            seen.append(data)
+            conn.sendall(GOOD)
+            conn.recv(4096)  # until the client goes away
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    c = StompClient("127.0.0.1", port, timeout=10, tls=TlsOptions(ca_file=str(cert))).connect()
+    try:
+        c.subscribe("/queue/a")
+        c.send("/queue/a", b"over\x00tls")
+        assert c.receive(10).body == b"a\x00b"
+        assert b"SEND\ndestination:/queue/a\ncontent-length:8\n\nover\x00tls\x00" in seen[-1]
+    finally:
+        c.close()
+        listener.close()
+    t.join(10)
