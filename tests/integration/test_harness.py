@@ -243,3 +243,31 @@ def test_killed_shared_broker_is_back_after_restart(activemq):
     activemq.restart()
     assert brokers.stomp_probe(activemq.stomp_port).startswith(b"CONNECTED")
     print(f"ActiveMQ kill+restart took {time.monotonic() - t0:.1f}s")
+
+
+def test_environment_url_is_chosen_first(rabbitmq, monkeypatch):
+    monkeypatch.setenv(brokers.ENV_RABBITMQ_AMQP_URL, rabbitmq.url("amqp"))
+    monkeypatch.setenv(brokers.ENV_RABBITMQ_STOMP_URL, rabbitmq.url("stomp"))
+    chosen = brokers.rabbitmq_from_environment_or_start()
+    assert isinstance(chosen, brokers.ExternalBroker) and not chosen.managed
+    assert chosen.url("stomp") == rabbitmq.url("stomp")
+
+
+def test_no_broker_anywhere_fails_with_instructions(monkeypatch):
+    import broker_containers
+
+    monkeypatch.setenv(brokers.ENV_NO_APT, "1")
+    monkeypatch.delenv(brokers.ENV_RABBITMQ_AMQP_URL, raising=False)
+    monkeypatch.delenv(brokers.ENV_ACTIVEMQ_STOMP_URL, raising=False)
+    monkeypatch.setattr(brokers, "find_rabbitmq_bin_dir", lambda: None)
+    monkeypatch.setattr(brokers, "find_activemq_home", lambda: None)
+    monkeypatch.setattr(brokers, "_apt_tried", {})
+    monkeypatch.setattr(broker_containers, "docker_answers", lambda: "no Docker engine answers (test)")
+    with pytest.raises(brokers.BrokerUnavailable) as rabbit:
+        brokers.rabbitmq_from_environment_or_start()
+    message = str(rabbit.value)
+    for needle in ("SPARK_MQ_NO_APT is set", "no Docker engine answers", "apt-get install -y rabbitmq-server",
+                   brokers.ENV_RABBITMQ_AMQP_URL, brokers.ENV_RABBITMQ_STOMP_URL):
+        assert needle in message
+    with pytest.raises(brokers.BrokerUnavailable, match="apt-get install -y activemq"):
+        brokers.activemq_from_environment_or_start()
