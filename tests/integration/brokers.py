@@ -111,26 +111,29 @@ class BrokerControlError(BrokerError):
 
 # A watchdog per launched process group: a tiny child Python that blocks reading a pipe from us. If this
 # test process dies in any way (even SIGKILL), the pipe closes and the watchdog kills the broker's process
-# group, so no broker outlives its test run. A normal stop writes one byte first, which disarms it.
+# group (and removes its temporary directory, when given), so no broker outlives its test run. A normal
+# stop writes one byte first, which disarms it.
 _WATCHDOG = (
-    "import os,signal,sys\n"
+    "import os,shutil,signal,sys,time\n"
     "pgid=int(sys.argv[1])\n"
     "try:\n d=os.read(0,1)\nexcept BaseException:\n d=b''\n"
     "if not d:\n"
     " try: os.killpg(pgid, signal.SIGKILL)\n except OSError: pass\n"
+    " if len(sys.argv) > 2:\n  time.sleep(1)\n  shutil.rmtree(sys.argv[2], ignore_errors=True)\n"
 )
 
 
 class _Process:
     """A broker process in its own session (process group), with a watchdog and a log file."""
 
-    def __init__(self, argv: list[str], env: dict, cwd: Path, log_path: Path):
+    def __init__(self, argv: list[str], env: dict, cwd: Path, log_path: Path, cleanup_dir: Path | None = None):
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True)
         self.pgid = self.popen.pid
-        self._watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.pgid)],
+        cleanup = [] if cleanup_dir is None or _keep_dirs() else [str(cleanup_dir)]
+        self._watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.pgid), *cleanup],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -420,7 +423,7 @@ class RabbitMQ(Broker):
                     raise self._fail(f"epmd did not start on port {self.epmd_port}")
                 time.sleep(_POLL)
         self._server = _Process([str(self.bin_dir / "rabbitmq-server")], self.env, self.workdir,
-                                self.workdir / "server.out")
+                                self.workdir / "server.out", cleanup_dir=self.workdir)
         while not (port_accepts(self.amqp_port, timeout=0.5) and port_accepts(self.stomp_port, timeout=0.5)):
             if not self._server.alive():
                 raise self._fail(f"rabbitmq-server exited with {self._server.popen.returncode} during start-up"
@@ -551,7 +554,8 @@ class ActiveMQ(Broker):
 
     def _launch(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        self._proc = _Process(self._argv(), dict(os.environ), self.workdir, self.workdir / "java.out")
+        self._proc = _Process(self._argv(), dict(os.environ), self.workdir, self.workdir / "java.out",
+                              cleanup_dir=self.workdir)
         login, passcode = (self.user, self.password) if self.users else (None, None)
         while True:
             if not self._proc.alive():

@@ -271,3 +271,29 @@ def test_no_broker_anywhere_fails_with_instructions(monkeypatch):
         assert needle in message
     with pytest.raises(brokers.BrokerUnavailable, match="apt-get install -y activemq"):
         brokers.activemq_from_environment_or_start()
+
+
+def test_brokers_die_with_a_sigkilled_test_process(tmp_path):
+    """The watchdog: when the process that started a broker is SIGKILLed, the broker and its directory go too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); import brokers\n"
+              "b = brokers.start_activemq(); print(b.stomp_port, b.workdir, flush=True); time.sleep(120)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(Path(brokers.__file__).parent)],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        port_text, workdir = child.stdout.readline().split()
+        port = int(port_text)
+        assert brokers.stomp_probe(port).startswith(b"CONNECTED")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while (brokers.port_accepts(port) or Path(workdir).exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not brokers.port_accepts(port)
+    assert not Path(workdir).exists()
