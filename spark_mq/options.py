@@ -1,0 +1,465 @@
+"""The one options parser of spark-mq: declarative option definitions, parsed once into a frozen value.
+
+Responsible for: the definition of every user-facing option (name, type, default, allowed values,
+secret flag, documentation, which formats and directions accept it), turning Spark's string options
+into typed values with errors that name the option, and keeping secrets out of reprs, logs and
+error messages. Not responsible for connecting anywhere (see ``spark_mq.sources.connect``) or for
+checks that need a broker.
+
+API (stable; extend it, do not change it)::
+
+    from spark_mq.options import OptionSpec, OptionType, define, parse_options, SINK
+
+    # a module (e.g. spark_mq.sinks.amqp08) defines its own options once, at import time:
+    MANDATORY = define(OptionSpec("mandatory", OptionType.BOOL, default=False, formats={"amqp08"},
+                                  directions={SINK}, doc="Publish with the mandatory flag."))
+
+    opts = parse_options(raw_options, format="amqp08", direction=SINK)
+    opts.uri, opts.mandatory, opts["virtualHost"]       # typed values; defaults filled in
+    "password" in opts.provided                          # which options the user gave
+    repr(opts)                                           # secrets shown as ***
+
+- ``OptionSpec``: one option. ``type`` is an ``OptionType``; ``choices`` limits the values (ENUM);
+  ``secret=True`` keeps the value out of every repr and error (URIs are shown with the password
+  masked); ``formats`` / ``directions`` say who accepts it; ``excludes`` names options that
+  contradict it; ``minimum`` / ``maximum`` bound numbers. ``doc`` is the user documentation.
+- ``define(*specs)`` registers specs (for parsing by format/direction and for generated docs);
+  redefining a name with a different spec raises ``OptionError`` (a name means one thing).
+- ``parse_options(raw, specs=None, *, format, direction)``: ``raw`` is any mapping of str to str
+  (Spark's options are case-insensitive and lower-cased; matching here is case-insensitive too).
+  ``specs=None`` uses every registered spec for that format and direction. Options that no spec
+  accepts, bad values and contradictions raise ``OptionError`` naming every offending option.
+- ``Options``: the frozen result (attribute and item access, ``get``, ``provided``, ``redacted()``),
+  picklable, so it can travel to executors inside readers and partitions.
+- ``registered(format=None, direction=None)`` lists specs (for docs).
+
+Value syntax: BOOL ``true/false/yes/no/1/0``; SIZE ``1048576``, ``64k``, ``16MiB``, ``1g``;
+DURATION seconds, or with a unit: ``250ms``, ``5s``, ``2m``, ``1h``; LIST comma-separated;
+JSON a JSON object (for queue arguments).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from spark_mq.errors import OptionError
+
+__all__ = [
+    "OptionType", "OptionSpec", "Options", "define", "parse_options", "registered", "redact_uri",
+    "SOURCE", "SINK", "FORMATS", "AMQP08", "STOMP", "MALAMUTE", "MASK",
+]
+
+SOURCE = "source"
+SINK = "sink"
+DIRECTIONS = frozenset({SOURCE, SINK})
+AMQP08 = "amqp08"
+STOMP = "stomp"
+MALAMUTE = "malamute"
+FORMATS = frozenset({AMQP08, STOMP, MALAMUTE})
+MASK = "***"
+
+
+class OptionType(enum.Enum):
+    STRING = "string"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    SIZE = "size"          # bytes, with optional k/m/g (KiB...) suffix
+    DURATION = "duration"  # seconds (float), with optional ms/s/m/h suffix
+    ENUM = "enum"          # one of choices (case-insensitive, stored lower-case)
+    LIST = "list"          # comma-separated strings -> tuple
+    JSON = "json"          # JSON object -> dict (frozen as a tuple of items is overkill; treat as read-only)
+
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|min)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with its password (if any) replaced by ``***``; other parts kept for diagnosis."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return MASK
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:{MASK}@{host}"
+    try:
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+    except ValueError:
+        pass
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _redact_uri_list(value: Any) -> str:
+    return ",".join(redact_uri(u) for u in str(value).split(","))
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: how to parse it, its default, who accepts it, and its documentation."""
+
+    name: str
+    type: OptionType
+    default: Any = None
+    doc: str = ""
+    choices: tuple = ()
+    secret: bool = False
+    formats: frozenset = FORMATS
+    directions: frozenset = DIRECTIONS
+    excludes: tuple = ()
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    #: how to show a secret value (default: ``***``); URIs keep everything but the password
+    redactor: Optional[Callable[[Any], str]] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "formats", frozenset(self.formats))
+        object.__setattr__(self, "directions", frozenset(self.directions))
+        object.__setattr__(self, "choices", tuple(c.lower() for c in self.choices))
+        object.__setattr__(self, "excludes", tuple(self.excludes))
+        if not self.formats <= FORMATS:
+            raise OptionError(f"option spec {self.name!r}: unknown formats {sorted(self.formats - FORMATS)}")
+        if not self.directions <= DIRECTIONS:
+            raise OptionError(f"option spec {self.name!r}: unknown directions {sorted(self.directions - DIRECTIONS)}")
+        if self.type is OptionType.ENUM and not self.choices:
+            raise OptionError(f"option spec {self.name!r}: an ENUM needs choices")
+
+    def applies(self, format: str, direction: str) -> bool:  # noqa: A002 - Spark's word
+        return format in self.formats and direction in self.directions
+
+    def show(self, value: Any) -> str:
+        """The value as it may appear in a repr, log or error."""
+        if value is None:
+            return "None"
+        if self.secret:
+            return self.redactor(value) if self.redactor is not None else MASK
+        return repr(value)
+
+    def parse(self, text: str) -> Any:
+        """The typed value of ``text``; raises ``OptionError`` naming the option (never the secret)."""
+        if not isinstance(text, str):
+            text = str(text)
+        shown = MASK if self.secret and self.redactor is None else (
+            self.redactor(text) if self.secret else repr(text))
+        try:
+            value = self._convert(text)
+        except (ValueError, TypeError) as exc:
+            detail = "" if self.secret else f": {exc}"  # the cause may quote the secret value
+            raise OptionError(f"option {self.name!r}: {shown} is not a valid {self._expected()}{detail}") from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if self.minimum is not None and value < self.minimum:
+                raise OptionError(f"option {self.name!r}: {shown} is below the minimum {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise OptionError(f"option {self.name!r}: {shown} is above the maximum {self.maximum}")
+        return value
+
+    def _expected(self) -> str:
+        if self.type is OptionType.ENUM:
+            return "value; accepted: " + ", ".join(self.choices)
+        return {
+            OptionType.INT: "integer", OptionType.FLOAT: "number", OptionType.BOOL: "boolean (true/false)",
+            OptionType.SIZE: "size (bytes, or with k/m/g: 64k, 16MiB)",
+            OptionType.DURATION: "duration (seconds, or 250ms, 5s, 2m, 1h)",
+            OptionType.JSON: "JSON object", OptionType.LIST: "comma-separated list", OptionType.STRING: "string",
+        }[self.type]
+
+    def _convert(self, text: str) -> Any:
+        t = self.type
+        if t is OptionType.STRING:
+            return text
+        if t is OptionType.INT:
+            return int(text.strip())
+        if t is OptionType.FLOAT:
+            return float(text.strip())
+        if t is OptionType.BOOL:
+            low = text.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected true or false")
+        if t is OptionType.SIZE:
+            m = _SIZE.match(text)
+            if not m:
+                raise ValueError("expected a number of bytes")
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+        if t is OptionType.DURATION:
+            m = _DURATION.match(text)
+            if not m:
+                raise ValueError("expected a duration")
+            unit = m.group(2).lower() if m.group(2) else None
+            return float(m.group(1)) * _DURATION_UNITS[unit]
+        if t is OptionType.ENUM:
+            low = text.strip().lower()
+            if low not in self.choices:
+                raise ValueError(f"not one of {', '.join(self.choices)}")
+            return low
+        if t is OptionType.LIST:
+            return tuple(p.strip() for p in text.split(",") if p.strip())
+        if t is OptionType.JSON:
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError("expected a JSON object")
+            return value
+        raise ValueError(f"unknown option type {t}")  # pragma: no cover - enum is closed
+
+
+_REGISTRY: dict[str, OptionSpec] = {}
+
+
+def define(*specs: OptionSpec) -> tuple[OptionSpec, ...] | OptionSpec:
+    """Register specs (idempotent for an identical spec). Returns the spec, or the tuple of specs."""
+    for spec in specs:
+        key = spec.name.lower()
+        old = _REGISTRY.get(key)
+        if old is not None and old != spec:
+            raise OptionError(f"option {spec.name!r} is already defined differently ({old!r})")
+        _REGISTRY[key] = spec
+    return specs[0] if len(specs) == 1 else specs
+
+
+def registered(format: Optional[str] = None, direction: Optional[str] = None) -> list[OptionSpec]:  # noqa: A002
+    """Registered specs, optionally only those a format/direction accepts, sorted by name."""
+    return sorted((s for s in _REGISTRY.values()
+                   if (format is None or format in s.formats) and (direction is None or direction in s.directions)),
+                  key=lambda s: s.name.lower())
+
+
+class Options(Mapping):
+    """Parsed options: read-only, picklable, secrets masked in repr. ``provided`` = names the user gave."""
+
+    __slots__ = ("_values", "_specs", "provided", "format", "direction")
+
+    def __init__(self, values: dict, specs: dict, provided: frozenset, format: str, direction: str) -> None:  # noqa: A002
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_specs", dict(specs))
+        object.__setattr__(self, "provided", frozenset(provided))
+        object.__setattr__(self, "format", format)
+        object.__setattr__(self, "direction", direction)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no option {name!r} for format {self.format} ({self.direction})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Options are read-only")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __reduce__(self):
+        return (Options, (self._values, self._specs, self.provided, self.format, self.direction))
+
+    def replace(self, **changes: Any) -> "Options":
+        """A copy with some values changed (names must exist)."""
+        for name in changes:
+            if name not in self._values:
+                raise OptionError(f"no option {name!r} for format {self.format}")
+        return Options({**self._values, **changes}, self._specs, self.provided | set(changes),
+                       self.format, self.direction)
+
+    def redacted(self) -> dict:
+        """Every value as it may be shown (secrets masked)."""
+        return {name: self._specs[name].show(value) for name, value in self._values.items()}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.redacted().items() if k in self.provided)
+        return f"Options({self.format}/{self.direction}: {shown})"
+
+    __str__ = __repr__
+
+
+def parse_options(raw: Mapping[str, Any], specs: Optional[Iterable[OptionSpec]] = None, *,
+                  format: str, direction: str) -> Options:  # noqa: A002
+    """Parse Spark's string options into ``Options`` (see the module docstring)."""
+    if format not in FORMATS:
+        raise OptionError(f"unknown format {format!r}; accepted: {', '.join(sorted(FORMATS))}")
+    if direction not in DIRECTIONS:
+        raise OptionError(f"unknown direction {direction!r}; accepted: source, sink")
+    pool = list(_REGISTRY.values()) if specs is None else list(specs)
+    accepted = {s.name.lower(): s for s in pool if s.applies(format, direction)}
+    errors: list[str] = []
+    values: dict[str, Any] = {}
+    provided: set[str] = set()
+    unknown: list[str] = []
+    for key, text in raw.items():
+        spec = accepted.get(str(key).lower())
+        if spec is None:
+            unknown.append(str(key))
+            continue
+        if text is None:
+            continue
+        try:
+            values[spec.name] = spec.parse(text)
+        except OptionError as exc:
+            errors.append(str(exc))
+            continue
+        provided.add(spec.name)
+    if unknown:
+        for key in sorted(unknown):
+            hint = difflib.get_close_matches(key.lower(), list(accepted), n=1)
+            other = _REGISTRY.get(key.lower())
+            if other is not None:
+                where = (f"it applies to {'/'.join(sorted(other.formats))} "
+                         f"{'/'.join(sorted(other.directions))}s only")
+            elif hint:
+                where = f"did you mean {accepted[hint[0]].name!r}?"
+            else:
+                where = "no such option"
+            errors.append(f"unknown option {key!r} for the {format} {direction} ({where})")
+    clashes = set()
+    for spec in accepted.values():
+        if spec.name in provided:
+            clashes.update(tuple(sorted((spec.name, other))) for other in spec.excludes if other in provided)
+        values.setdefault(spec.name, spec.default)
+    for first, second in sorted(clashes):
+        errors.append(f"options {first!r} and {second!r} contradict each other: give only one")
+    if errors:
+        raise OptionError("invalid options: " + "; ".join(errors))
+    return Options(values, {s.name: s for s in accepted.values()}, frozenset(provided), format, direction)
+
+
+# -- shared connection options (readers and writers of every format) --------------------------
+
+_BOTH = DIRECTIONS
+_ALL = FORMATS
+_SOCKET = frozenset({AMQP08, STOMP})
+
+CONNECTION_OPTIONS = define(
+    OptionSpec("uri", OptionType.STRING, secret=True, redactor=_redact_uri_list, doc=(
+        "Where the broker is: amqp://user:pass@host:5672/vhost (amqps:// for TLS), stomp://user:pass@host:61613 "
+        "(stomp+ssl://), tcp://host:9999 or ipc://path (Malamute). Several comma-separated URIs are tried in turn "
+        "(failover). host/port/username/password/virtualHost override its parts.")),
+    OptionSpec("host", OptionType.LIST, doc=(
+        "Broker host, or a comma-separated list host[:port],host[:port] tried in turn on (re)connect.")),
+    OptionSpec("port", OptionType.INT, minimum=1, maximum=65535, formats=_SOCKET | {MALAMUTE},
+               doc="Broker port (default: the protocol's: 5672/5671, 61613, 9999)."),
+    OptionSpec("username", OptionType.STRING, formats=_SOCKET, doc="User name (AMQP login / STOMP login)."),
+    OptionSpec("password", OptionType.STRING, secret=True, formats=_SOCKET,
+               doc="Password (AMQP) or passcode (STOMP). Never logged or shown."),
+    OptionSpec("virtualHost", OptionType.STRING, formats={AMQP08}, doc="AMQP virtual host (default /)."),
+    OptionSpec("tls", OptionType.BOOL, default=None, formats=_SOCKET,
+               doc="Use TLS (default: from the URI scheme, or true when any tls* option is given)."),
+    OptionSpec("tlsCaFile", OptionType.STRING, formats=_SOCKET, doc="PEM file of CA certificates to trust."),
+    OptionSpec("tlsCertFile", OptionType.STRING, formats=_SOCKET, doc="PEM client certificate (mutual TLS)."),
+    OptionSpec("tlsKeyFile", OptionType.STRING, formats=_SOCKET, doc="PEM private key of the client certificate."),
+    OptionSpec("tlsVerify", OptionType.BOOL, default=True, formats=_SOCKET,
+               doc="Verify the broker's certificate and host name (false only for tests)."),
+    OptionSpec("tlsServerName", OptionType.STRING, formats=_SOCKET, doc="Host name expected in the broker certificate."),
+    OptionSpec("heartbeat", OptionType.DURATION, default=30.0, minimum=0, doc=(
+        "Heartbeat interval (AMQP connection heartbeat; Malamute ping). 0 disables where the protocol allows.")),
+    OptionSpec("connectTimeout", OptionType.DURATION, default=10.0, minimum=0.1,
+               doc="Time allowed to connect (TCP, TLS and the protocol handshake)."),
+    OptionSpec("address", OptionType.STRING, formats={MALAMUTE}, doc=(
+        "Malamute client address (the mailbox name for mailbox reads; default: generated).")),
+    OptionSpec("exchange", OptionType.STRING, formats={AMQP08}, doc=(
+        "AMQP exchange: the sink publishes to it; the source binds its queue to it when declare=create.")),
+    OptionSpec("routingKey", OptionType.STRING, formats={AMQP08}, doc=(
+        "AMQP routing key: the sink's default; the source's binding key when declare=create.")),
+    OptionSpec("destination", OptionType.STRING, formats={STOMP}, doc=(
+        "STOMP destination, e.g. /queue/orders (source: subscribed; sink: default destination).")),
+    OptionSpec("stream", OptionType.STRING, formats={MALAMUTE}, excludes=("mailbox", "service"),
+               doc="Malamute stream (source: consumed with pattern; sink: produced to)."),
+    OptionSpec("mailbox", OptionType.STRING, formats={MALAMUTE}, excludes=("service",),
+               doc="Malamute mailbox address (source: read as that client address; sink: default recipient)."),
+    OptionSpec("service", OptionType.STRING, formats={MALAMUTE},
+               doc="Malamute service (source: offered as a worker with pattern; sink: requests sent to it)."),
+)
+
+
+# -- source options -----------------------------------------------------------------------------
+
+_SRC = frozenset({SOURCE})
+
+SOURCE_OPTIONS = define(
+    OptionSpec("queue", OptionType.STRING, formats={AMQP08}, directions=_SRC, doc="AMQP queue to consume."),
+    OptionSpec("pattern", OptionType.STRING, default="", formats={MALAMUTE}, directions=_SRC,
+               doc="Malamute subject pattern (zrex) for stream or service reads; empty matches all."),
+    OptionSpec("declare", OptionType.ENUM, default="none", choices=("none", "passive", "create"),
+               formats={AMQP08}, directions=_SRC, doc=(
+                   "What the source declares before consuming: none; passive (fail early if the queue is "
+                   "missing); create (declare the queue durable with queueArguments, and bind it to exchange "
+                   "with routingKey when exchange is given).")),
+    OptionSpec("queueArguments", OptionType.JSON, formats={AMQP08}, directions=_SRC,
+               doc="JSON object of queue arguments for declare=create, e.g. {\"x-max-length\": 100000}."),
+    OptionSpec("exchangeType", OptionType.STRING, formats={AMQP08}, directions=_SRC,
+               doc="With declare=create and exchange: also declare the exchange with this type (direct, topic...)."),
+    OptionSpec("logLocation", OptionType.STRING, directions=_SRC, doc=(
+        "Where the source log lives: a local path or any pyarrow filesystem URI (file://, s3://, hdfs://...). "
+        "It must be reachable from the executors and must belong to ONE query. Required for streaming reads.")),
+    OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
+               formats={AMQP08, STOMP}, directions=_SRC, doc=(
+                   "When the broker is acknowledged: durable (after the messages are fsynced in the log), commit "
+                   "(only when Spark commits the batch: one cumulative ack, in a broker transaction), auto "
+                   "(broker acks on delivery: at-most-once).")),
+    OptionSpec("maxMessagesPerTrigger", OptionType.INT, minimum=1, directions=_SRC,
+               doc="At most this many messages per micro-batch."),
+    OptionSpec("maxBytesPerTrigger", OptionType.SIZE, minimum=1, directions=_SRC,
+               doc="At most about this many body bytes per micro-batch (at least one message)."),
+    OptionSpec("minMessagesPerTrigger", OptionType.INT, minimum=1, directions=_SRC,
+               doc="Wait for at least this many messages before a micro-batch, up to maxTriggerDelay."),
+    OptionSpec("maxTriggerDelay", OptionType.DURATION, default=15 * 60.0, minimum=0, directions=_SRC,
+               doc="With minMessagesPerTrigger: run a smaller batch once this long has passed since the last."),
+    OptionSpec("numPartitions", OptionType.INT, minimum=1, directions=_SRC, doc=(
+        "Split each micro-batch into this many partitions (contiguous log ranges; order is kept within each). "
+        "Default: by size, see maxPartitionBytes.")),
+    OptionSpec("maxPartitionBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
+               doc="Without numPartitions: a partition holds at most about this many body bytes."),
+    OptionSpec("prefetch", OptionType.INT, minimum=1, directions=_SRC,
+               doc="Broker prefetch (AMQP basic.qos, STOMP prefetch header). Default 1000 (10000 for ackMode=commit)."),
+    OptionSpec("failOnDataLoss", OptionType.BOOL, default=True, directions=_SRC, doc=(
+        "Fail a batch whose log segments are gone (true), or read what is left and log a warning (false).")),
+    OptionSpec("includeHeaders", OptionType.BOOL, default=True, directions=_SRC,
+               doc="Fill the headers column (false leaves it null: smaller logs, faster)."),
+    OptionSpec("maxUncommittedMessages", OptionType.INT, default=1_000_000, minimum=1, directions=_SRC,
+               doc="Back-pressure: pause consuming while the unprocessed log holds this many messages."),
+    OptionSpec("maxUncommittedBytes", OptionType.SIZE, default=1 << 30, minimum=1, directions=_SRC,
+               doc="Back-pressure: pause consuming while the unprocessed log holds this many body bytes."),
+    OptionSpec("fsyncInterval", OptionType.DURATION, default=0.05, minimum=0, directions=_SRC,
+               doc="Group messages for this long before one append+fsync (and, in durable mode, one ack)."),
+    OptionSpec("fsyncMessages", OptionType.INT, default=20_000, minimum=1, directions=_SRC,
+               doc="Append+fsync at most this many messages at once."),
+    OptionSpec("fsync", OptionType.BOOL, default=True, directions=_SRC,
+               doc="fsync the log (false: faster, loses the last group on a machine crash; not on a process crash)."),
+    OptionSpec("segmentBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
+               doc="Start a new log segment once the current one holds this many bytes."),
+    OptionSpec("dedupWindow", OptionType.INT, default=200_000, minimum=0, directions=_SRC, doc=(
+        "How many identities of committed messages are remembered (beyond those still in the log) to drop "
+        "redeliveries.")),
+    OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
+               doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
+    OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,
+               doc="Longest delay between reconnect attempts."),
+    OptionSpec("brokerTimeout", OptionType.DURATION, default=300.0, minimum=0, directions=_SRC,
+               doc="Fail the query when the broker stays unreachable this long (0: never)."),
+    OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
+        "availableNow and batch reads: the backlog is drained once nothing arrives for this long "
+        "(AMQP availableNow also uses the queue depth).")),
+    OptionSpec("maxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
+               doc="Batch reads (spark.read): read at most this many messages."),
+    OptionSpec("readTimeout", OptionType.DURATION, default=30.0, minimum=0, directions=_SRC,
+               doc="Batch reads: stop after this long even if messages keep arriving."),
+)

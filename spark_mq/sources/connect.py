@@ -1,0 +1,205 @@
+"""Build protocol clients from parsed connection options (shared by the sources and the sinks).
+
+Responsible for: turning ``spark_mq.options.Options`` (uri, host list, port, credentials, virtual
+host, TLS, heartbeat, timeouts) into connected clients, trying the listed endpoints in turn.
+Not responsible for retries over time, consuming or publishing: callers own those policies.
+
+    conn = connect_amqp08(opts)                 # spark_mq.clients.amqp08.Connection
+    client = connect_stomp(opts)                # connected spark_mq.clients.stomp.StompClient
+    client = connect_malamute(opts, "reader-1") # spark_mq.clients.malamute.MalamuteClient
+
+``start`` rotates the endpoint list (a reconnect passes its attempt number so it tries the next
+host first). Errors name the endpoint with the password masked, never the secret itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+from urllib.parse import unquote, urlsplit
+
+from spark_mq.errors import ConnectionClosedError, OptionError, SparkMqError
+from spark_mq.options import AMQP08, MALAMUTE, STOMP, Options, redact_uri
+from spark_mq.transport.stream import TlsOptions
+
+__all__ = ["Endpoint", "endpoints", "connect_amqp08", "connect_stomp", "connect_malamute", "tls_options"]
+
+_DEFAULT_PORTS = {AMQP08: (5672, 5671), STOMP: (61613, 61614), MALAMUTE: (9999, 9999)}
+_SCHEMES = {
+    AMQP08: {"amqp": False, "amqps": True},
+    STOMP: {"stomp": False, "stomp+ssl": True, "stomp+tls": True, "ssl": True, "tcp": False},
+    MALAMUTE: {"tcp": False, "ipc": False, "inproc": False},
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One place to connect to. ``repr`` never shows the password."""
+
+    host: str
+    port: int
+    username: Optional[str] = None
+    password: Optional[str] = None
+    virtual_host: str = "/"
+    tls: bool = False
+    zmq_endpoint: Optional[str] = None  # Malamute: tcp://... or ipc://...
+
+    def __repr__(self) -> str:
+        if self.zmq_endpoint:
+            return f"Endpoint({self.zmq_endpoint})"
+        return f"Endpoint({'tls ' if self.tls else ''}{self.username or ''}@{self.host}:{self.port}{'' if self.virtual_host == '/' else ' vhost=' + self.virtual_host})"
+
+    __str__ = __repr__
+
+
+def _split_hostport(text: str, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):  # [ipv6]:port
+        host, _, rest = text[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default_port
+    if text.count(":") == 1:
+        host, port = text.split(":")
+        try:
+            return host, int(port)
+        except ValueError:
+            raise OptionError(f"option 'host': bad port in {text!r}") from None
+    return text, default_port
+
+
+def endpoints(opts: Options) -> list[Endpoint]:
+    """Every endpoint the options name, in order (uri list, or host list, with overrides applied)."""
+    fmt = opts.format
+    schemes = _SCHEMES[fmt]
+    plain_port, tls_port = _DEFAULT_PORTS[fmt]
+    explicit_tls = opts.get("tls")
+    tls_files = any(opts.get(k) for k in ("tlsCaFile", "tlsCertFile", "tlsKeyFile"))
+    bases: list[dict] = []
+    for uri in [u.strip() for u in (opts.get("uri") or "").split(",") if u.strip()]:
+        try:
+            parts = urlsplit(uri)
+            port = parts.port
+        except ValueError as exc:
+            raise OptionError(f"option 'uri': cannot parse {redact_uri(uri)}: {exc}") from None
+        if parts.scheme not in schemes:
+            raise OptionError(f"option 'uri': scheme {parts.scheme!r} of {redact_uri(uri)} is not one of "
+                              f"{', '.join(sorted(schemes))} for format {fmt}")
+        if fmt == MALAMUTE:
+            bases.append({"zmq_endpoint": uri})
+            continue
+        tls = schemes[parts.scheme]
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        bases.append({
+            "host": parts.hostname or "127.0.0.1",
+            "port": port,
+            "username": unquote(parts.username) if parts.username else None,
+            "password": unquote(parts.password) if parts.password is not None else None,
+            "virtual_host": unquote(path) if path else "/",
+            "tls": tls,
+        })
+    hosts = opts.get("host") or ()
+    if hosts:
+        template = bases[0] if bases and "zmq_endpoint" not in bases[0] else {}
+        bases = []
+        for h in hosts:
+            host, port = _split_hostport(h, 0)
+            bases.append({**template, "host": host, "port": port or None})
+    if not bases:
+        if fmt == MALAMUTE:
+            raise OptionError("malamute needs option 'uri' (tcp://host:port or ipc://path) or 'host'")
+        bases = [{"host": "127.0.0.1", "port": None}]
+    out = []
+    for b in bases:
+        if "zmq_endpoint" in b:
+            out.append(Endpoint(host="", port=0, zmq_endpoint=b["zmq_endpoint"]))
+            continue
+        tls = b.get("tls", False)
+        if explicit_tls is not None:
+            tls = explicit_tls
+        elif tls_files:
+            tls = True
+        port = opts.get("port") or b.get("port") or (tls_port if tls else plain_port)
+        if fmt == MALAMUTE:
+            out.append(Endpoint(host=b["host"], port=port, zmq_endpoint=f"tcp://{b['host']}:{port}"))
+            continue
+        username = opts.get("username") or b.get("username")
+        password = opts.get("password") if opts.get("password") is not None else b.get("password")
+        vhost = opts.get("virtualHost") or b.get("virtual_host") or "/"
+        out.append(Endpoint(b["host"], port, username, password, vhost, tls))
+    return out
+
+
+def tls_options(opts: Options) -> TlsOptions:
+    return TlsOptions(ca_file=opts.get("tlsCaFile"), cert_file=opts.get("tlsCertFile"),
+                      key_file=opts.get("tlsKeyFile"), verify=opts.get("tlsVerify", True),
+                      server_hostname=opts.get("tlsServerName"))
+
+
+def _rotate(items: list, start: int) -> list:
+    if not items:
+        return items
+    k = start % len(items)
+    return items[k:] + items[:k]
+
+
+def _fail(fmt: str, tried: list, errors: list) -> ConnectionClosedError:
+    detail = "; ".join(f"{ep!r}: {err}" for ep, err in zip(tried, errors))
+    return ConnectionClosedError(f"cannot connect to any {fmt} broker ({detail})")
+
+
+def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
+    """An open ``spark_mq.clients.amqp08.Connection`` to the first endpoint that answers."""
+    from spark_mq.clients.amqp08 import Connection
+
+    tried, errors = [], []
+    for ep in _rotate(endpoints(opts), start):
+        try:
+            return Connection(
+                ep.host, ep.port, username=ep.username or "guest",
+                password=ep.password if ep.password is not None else "guest",
+                virtual_host=ep.virtual_host, heartbeat=int(round(opts.get("heartbeat") or 0)),
+                tls=tls_options(opts) if ep.tls else None, connect_timeout=opts.get("connectTimeout") or 10.0,
+                **kwargs)
+        except (SparkMqError, OSError) as exc:
+            tried.append(ep)
+            errors.append(_clean(exc, ep))
+    raise _fail(AMQP08, tried, errors)
+
+
+def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
+    """A connected ``spark_mq.clients.stomp.StompClient`` to the first endpoint that answers."""
+    from spark_mq.clients.stomp import StompClient
+
+    tried, errors = [], []
+    for ep in _rotate(endpoints(opts), start):
+        client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password,
+                             tls=tls_options(opts) if ep.tls else None,
+                             timeout=opts.get("connectTimeout") or 10.0, **kwargs)
+        try:
+            return client.connect()
+        except (SparkMqError, OSError) as exc:
+            client.close()
+            tried.append(ep)
+            errors.append(_clean(exc, ep))
+    raise _fail(STOMP, tried, errors)
+
+
+def connect_malamute(opts: Options, address: str = "", *, start: int = 0, **kwargs):
+    """A connected ``spark_mq.clients.malamute.MalamuteClient`` (``address`` names the client)."""
+    from spark_mq.clients.malamute import MalamuteClient
+
+    if "heartbeat" in opts.provided and opts.heartbeat > 0:
+        kwargs.setdefault("heartbeat", opts.heartbeat)
+    tried, errors = [], []
+    for ep in _rotate(endpoints(opts), start):
+        try:
+            return MalamuteClient(ep.zmq_endpoint, address, timeout=opts.get("connectTimeout") or 10.0, **kwargs)
+        except (SparkMqError, OSError, TimeoutError) as exc:
+            tried.append(ep)
+            errors.append(_clean(exc, ep))
+    raise _fail(MALAMUTE, tried, errors)
+
+
+def _clean(exc: BaseException, ep: Endpoint) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if ep.password:
+        text = text.replace(ep.password, "***")
+    return text

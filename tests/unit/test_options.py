@@ -1,0 +1,149 @@
+"""Unit tests of spark_mq.options (the one options parser) and endpoint resolution in sources.connect."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from spark_mq.errors import OptionError
+from spark_mq.options import (
+    MASK, SINK, SOURCE, OptionSpec, OptionType, Options, define, parse_options, redact_uri, registered,
+)
+from spark_mq.sources.connect import endpoints
+
+
+def amqp(**raw) -> Options:
+    return parse_options(raw, format="amqp08", direction=SOURCE)
+
+
+def test_types_defaults_and_case_insensitive_names():
+    opts = amqp(queue="q", maxmessagespertrigger="5", maxBytesPerTrigger="16MiB", fsyncInterval="250ms",
+                failOnDataLoss="FALSE", ackmode="Commit", queueArguments='{"x-max-length": 10}', host="a:1,b")
+    assert opts.queue == "q"
+    assert opts.maxMessagesPerTrigger == 5
+    assert opts.maxBytesPerTrigger == 16 << 20
+    assert opts.fsyncInterval == pytest.approx(0.25)
+    assert opts.failOnDataLoss is False
+    assert opts.ackMode == "commit"
+    assert opts.queueArguments == {"x-max-length": 10}
+    assert opts.host == ("a:1", "b")
+    assert opts.includeHeaders is True  # default
+    assert opts.prefetch is None
+    assert opts.provided == {"queue", "maxMessagesPerTrigger", "maxBytesPerTrigger", "fsyncInterval",
+                             "failOnDataLoss", "ackMode", "queueArguments", "host"}
+    assert opts["queue"] == "q" and opts.get("nothing", 7) == 7
+
+
+@pytest.mark.parametrize("text,expected", [("1024", 1024), ("64k", 65536), ("2 MiB", 2 << 20), ("1g", 1 << 30),
+                                           ("1.5k", 1536)])
+def test_size_syntax(text, expected):
+    assert amqp(maxBytesPerTrigger=text).maxBytesPerTrigger == expected
+
+
+@pytest.mark.parametrize("text,expected", [("2", 2.0), ("250ms", 0.25), ("5s", 5.0), ("2m", 120.0), ("1h", 3600.0)])
+def test_duration_syntax(text, expected):
+    assert amqp(maxTriggerDelay=text).maxTriggerDelay == pytest.approx(expected)
+
+
+def test_unknown_option_is_named_with_a_suggestion():
+    with pytest.raises(OptionError, match=r"unknown option 'queeu'.*did you mean 'queue'"):
+        amqp(queeu="q")
+
+
+def test_option_of_another_format_says_where_it_belongs():
+    with pytest.raises(OptionError, match=r"'destination'.*stomp"):
+        amqp(destination="/queue/a")
+
+
+def test_every_bad_option_is_reported_at_once():
+    with pytest.raises(OptionError) as info:
+        amqp(ackMode="sometimes", prefetch="many", bogus="1")
+    text = str(info.value)
+    assert "'ackMode'" in text and "durable, commit, auto" in text
+    assert "'prefetch'" in text and "integer" in text
+    assert "'bogus'" in text
+
+
+def test_bounds():
+    with pytest.raises(OptionError, match="'numPartitions'.*minimum"):
+        amqp(numPartitions="0")
+    with pytest.raises(OptionError, match="'port'.*maximum"):
+        amqp(port="70000")
+
+
+def test_contradicting_options():
+    with pytest.raises(OptionError, match="'mailbox' and 'stream' contradict"):
+        parse_options({"stream": "s", "mailbox": "m", "uri": "tcp://127.0.0.1:1"}, format="malamute",
+                      direction=SOURCE)
+
+
+def test_secrets_never_in_repr_or_errors():
+    opts = amqp(uri="amqp://bob:s3cr3t@h:5672/v", password="hunter2", queue="q")
+    shown = repr(opts) + str(opts.redacted())
+    assert "s3cr3t" not in shown and "hunter2" not in shown
+    assert "amqp://bob:***@h:5672/v" in shown and MASK in shown
+    # a bad secret value is not echoed either
+    spec = OptionSpec("token", OptionType.INT, secret=True)
+    with pytest.raises(OptionError) as info:
+        spec.parse("topsecret")
+    assert "topsecret" not in str(info.value)
+    assert redact_uri("stomp://u:p@h:1") == "stomp://u:***@h:1"
+    assert redact_uri("amqp://h:1/v") == "amqp://h:1/v"
+
+
+def test_frozen_and_picklable():
+    opts = amqp(queue="q", password="pw")
+    with pytest.raises(AttributeError):
+        opts.queue = "other"
+    again = pickle.loads(pickle.dumps(opts))
+    assert again == opts and again.provided == opts.provided and again.password == "pw"
+    changed = opts.replace(queue="r")
+    assert changed.queue == "r" and opts.queue == "q"
+
+
+def test_define_is_idempotent_and_refuses_a_different_meaning():
+    spec = OptionSpec("unitTestOnlyOption", OptionType.INT, default=3, formats={"stomp"}, directions={SINK},
+                      doc="only for this test")
+    define(spec)
+    define(spec)
+    assert spec in registered("stomp", SINK)
+    assert spec not in registered("stomp", SOURCE)
+    with pytest.raises(OptionError, match="already defined"):
+        define(OptionSpec("unitTestOnlyOption", OptionType.STRING))
+    parsed = parse_options({"unitTestOnlyOption": "9", "destination": "/queue/x"}, format="stomp", direction=SINK)
+    assert parsed.unitTestOnlyOption == 9
+
+
+def test_explicit_spec_list_limits_what_is_accepted():
+    specs = [OptionSpec("a", OptionType.INT, default=1)]
+    assert parse_options({}, specs, format="amqp08", direction=SINK).a == 1
+    with pytest.raises(OptionError, match="unknown option 'queue'"):
+        parse_options({"queue": "q"}, specs, format="amqp08", direction=SINK)
+
+
+def test_every_registered_option_is_documented():
+    for spec in registered():
+        assert spec.doc, spec.name
+
+
+def test_endpoints_from_uri_hosts_and_overrides():
+    eps = endpoints(amqp(uri="amqp://u:p@h1:1000/vh"))
+    assert [(e.host, e.port, e.username, e.password, e.virtual_host, e.tls) for e in eps] == [
+        ("h1", 1000, "u", "p", "vh", False)]
+    eps = endpoints(amqp(uri="amqps://u:p@h1/vh", host="a:1,b", username="x"))
+    assert [(e.host, e.port, e.username, e.tls) for e in eps] == [("a", 1, "x", True), ("b", 5671, "x", True)]
+    eps = endpoints(amqp(uri="amqp://a:1,amqp://b:2"))
+    assert [(e.host, e.port) for e in eps] == [("a", 1), ("b", 2)]
+    assert "pw-9f3" not in repr(endpoints(amqp(uri="amqp://u:pw-9f3@h1/vh"))[0])
+    stomp = parse_options({"uri": "stomp+ssl://h:7", "tlsVerify": "false"}, format="stomp", direction=SOURCE)
+    (ep,) = endpoints(stomp)
+    assert (ep.host, ep.port, ep.tls) == ("h", 7, True)
+    mlm = parse_options({"uri": "ipc:///tmp/x"}, format="malamute", direction=SOURCE)
+    assert endpoints(mlm)[0].zmq_endpoint == "ipc:///tmp/x"
+    with pytest.raises(OptionError, match="scheme 'http'"):
+        endpoints(amqp(uri="http://u:secret@h"))
+    try:
+        endpoints(amqp(uri="http://u:secret@h"))
+    except OptionError as exc:
+        assert "secret" not in str(exc)
