@@ -1,0 +1,502 @@
+"""The durable source log: message batches as Arrow IPC segments on any pyarrow filesystem.
+
+Responsible for: appending record batches (each carrying its ``offset`` column) durably, grouped
+fsyncs, recovering after a crash (a torn tail is detected and truncated; leftover temporary files
+removed), telling which byte ranges of which segment files hold an offset range (so executors can
+replay exactly the same bytes), deleting what Spark committed, and reading those ranges back.
+Not responsible for brokers, acks or Spark: see ``spark_mq.sources.ingest``.
+
+Layout under the location (a local path, ``file://`` URI, or any pyarrow filesystem URI)::
+
+    seg-00000000000000000000.arrow   first offset 0: the schema message, then batch messages
+    seg-00000000000000120000.arrow   first offset 120000 ...
+
+A segment is an Arrow IPC *stream* without end marker: the schema message, then one record batch
+message per append. Offsets are contiguous message positions from 0; a segment's name is its
+first offset, and it holds the offsets up to the next segment's first. On a local filesystem the
+active segment is appended to and fsynced (the directory too when a segment is created); on other
+filesystems, where appending is not portable, every append writes a whole new segment file
+(durable when the stream closes). On open, every batch of every segment is read back once: this
+rebuilds the index (byte position, offsets, cumulative body sizes) and finds a torn tail, which
+is cut off (local) or rewritten without the torn part (other filesystems).
+
+The head (next offset) survives a full commit: the active segment is then replaced by an empty one
+named after the head, created before the old one is deleted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import threading
+from array import array
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from spark_mq.errors import SparkMqError
+
+__all__ = ["SourceLog", "LogSlice", "LogCorruptError", "DataLossError", "open_filesystem", "read_slice",
+           "SEGMENT_PREFIX"]
+
+log = logging.getLogger("spark_mq.sourcelog")
+
+SEGMENT_PREFIX = "seg-"
+SEGMENT_SUFFIX = ".arrow"
+TEMP_SUFFIX = ".tmp"
+_SEGMENT_NAME = re.compile(r"^seg-(\d{20})\.arrow$")
+OFFSET_COLUMN = "offset"
+BODY_COLUMN = "body"
+
+
+class LogCorruptError(SparkMqError):
+    """A segment other than the last is damaged, or segments do not follow each other."""
+
+
+class DataLossError(SparkMqError):
+    """Log data needed for a batch is gone (deleted, or the location was changed or wiped)."""
+
+
+def segment_name(first: int) -> str:
+    return f"{SEGMENT_PREFIX}{first:020d}{SEGMENT_SUFFIX}"
+
+
+def open_filesystem(location: str) -> tuple[pafs.FileSystem, str, bool]:
+    """``(filesystem, root path, is_local)`` for a local path or filesystem URI."""
+    if "://" not in location:
+        return pafs.LocalFileSystem(), os.path.abspath(location), True
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path, isinstance(fs, pafs.LocalFileSystem)
+
+
+@dataclass
+class _Batch:
+    first: int          # offset of its first message
+    count: int
+    pos: int            # byte position of the message in the segment file
+    length: int         # bytes of the message (metadata + body)
+    sizes: array        # cumulative body sizes, len count+1, sizes[0] == 0
+
+    @property
+    def end(self) -> int:
+        return self.first + self.count
+
+
+@dataclass
+class _Segment:
+    first: int
+    path: str
+    schema_len: int
+    size: int                      # bytes written (valid prefix)
+    batches: list = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.batches[-1].end if self.batches else self.first
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """What an executor needs to read ``[lo, hi)``: one segment's schema length and batch byte ranges.
+    Picklable; holds no handles."""
+
+    location: str
+    path: str
+    schema_len: int
+    pieces: tuple  # ((pos, length, first_offset, count), ...)
+    lo: int
+    hi: int
+
+
+def _body_sizes(batch: pa.RecordBatch) -> array:
+    body = batch.column(batch.schema.get_field_index(BODY_COLUMN))
+    sizes = array("i")
+    buf = body.buffers()[1]  # int32 value offsets, n+1 of them from the array's own offset
+    start = body.offset * 4
+    sizes.frombytes(memoryview(buf)[start:start + 4 * (len(body) + 1)])
+    base = sizes[0] if sizes else 0
+    if base:
+        sizes = array("i", (s - base for s in sizes))
+    if not sizes:
+        sizes = array("i", [0])
+    return sizes
+
+
+class SourceLog:
+    """The log of one source (one query). Thread-safe: one appender, any number of other callers."""
+
+    def __init__(self, location: str, schema: pa.Schema, *, fsync: bool = True,
+                 segment_bytes: int = 64 << 20, local: Optional[bool] = None) -> None:
+        self.location = location
+        self.schema = schema
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.fs, self.root, is_local = open_filesystem(location)
+        self.local = is_local if local is None else (local and is_local)
+        self._schema_bytes = schema.serialize().to_pybytes()
+        self._lock = threading.RLock()
+        self._segments: list[_Segment] = []
+        self._fd: Optional[int] = None     # local: the active segment, open for append
+        self._dirty = False
+        self.recovered_truncations = 0
+        self._open()
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def _open(self) -> None:
+        self.fs.create_dir(self.root, recursive=True)
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        names = []
+        for info in infos:
+            base = info.base_name
+            if base.endswith(TEMP_SUFFIX):
+                self.fs.delete_file(info.path)  # an unfinished segment write: never published
+                continue
+            m = _SEGMENT_NAME.match(base)
+            if m and info.type == pafs.FileType.File:
+                names.append((int(m.group(1)), info.path))
+        names.sort()
+        for i, (first, path) in enumerate(names):
+            seg = self._scan(first, path, last=(i == len(names) - 1))
+            if seg is None:
+                continue
+            if self._segments and self._segments[-1].end != seg.first:
+                prev = self._segments[-1]
+                if prev.end > seg.first:
+                    raise LogCorruptError(f"log {self.location}: segment {path} starts at {seg.first} but the "
+                                          f"previous one ends at {prev.end}")
+                # a gap: messages deleted in the middle cannot happen; tolerate only an empty prev
+                if prev.batches:
+                    raise LogCorruptError(f"log {self.location}: offsets {prev.end}..{seg.first} are missing "
+                                          f"between segments")
+            self._segments.append(seg)
+        if self.local and self._segments:
+            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+
+    def _scan(self, first: int, path: str, last: bool) -> Optional[_Segment]:
+        with self.fs.open_input_file(path) as f:
+            data = f.read()
+        reader = pa.BufferReader(pa.py_buffer(data))
+        try:
+            msg = pa.ipc.read_message(reader)
+            schema = pa.ipc.read_schema(msg)
+        except (EOFError, pa.ArrowInvalid, OSError) as exc:
+            if not last:
+                raise LogCorruptError(f"log {self.location}: segment {path} has no readable schema: {exc}") from exc
+            log.warning("source log %s: dropping torn segment %s (no complete schema)", self.location, path)
+            self.fs.delete_file(path)
+            self.recovered_truncations += 1
+            return None
+        if not schema.equals(self.schema):
+            raise LogCorruptError(f"log {self.location}: segment {path} has another schema; the location must "
+                                  f"belong to one source of one format")
+        seg = _Segment(first, path, reader.tell(), reader.tell())
+        expected = first
+        while True:
+            pos = reader.tell()
+            if pos == len(data):
+                break
+            try:
+                msg = pa.ipc.read_message(reader)
+                batch = pa.ipc.read_record_batch(msg, schema)
+            except EOFError:
+                break
+            except (pa.ArrowInvalid, OSError) as exc:
+                if not last:
+                    raise LogCorruptError(f"log {self.location}: segment {path} is damaged at byte {pos}: {exc}") \
+                        from exc
+                self._truncate(seg, pos, len(data), data)
+                break
+            offsets = batch.column(batch.schema.get_field_index(OFFSET_COLUMN))
+            if batch.num_rows == 0 or offsets[0].as_py() != expected:
+                raise LogCorruptError(f"log {self.location}: segment {path} batch at byte {pos} starts at offset "
+                                      f"{offsets[0].as_py() if batch.num_rows else None}, expected {expected}")
+            seg.batches.append(_Batch(expected, batch.num_rows, pos, reader.tell() - pos, _body_sizes(batch)))
+            expected += batch.num_rows
+            seg.size = reader.tell()
+        return seg
+
+    def _truncate(self, seg: _Segment, good: int, size: int, data: bytes) -> None:
+        log.warning("source log %s: torn tail in %s: %d bytes after byte %d cut off",
+                    self.location, seg.path, size - good, good)
+        self.recovered_truncations += 1
+        if self.local:
+            os.truncate(seg.path, good)
+            fd = os.open(seg.path, os.O_WRONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self._write_whole(seg.path, data[:good])
+
+    def _write_whole(self, path: str, data: bytes) -> None:
+        tmp = path + TEMP_SUFFIX
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, path)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        """The next offset to be appended."""
+        with self._lock:
+            return self._segments[-1].end if self._segments else 0
+
+    @property
+    def tail(self) -> int:
+        """The first offset still held (== head when the log holds nothing)."""
+        with self._lock:
+            for seg in self._segments:
+                if seg.batches:
+                    return seg.batches[0].first
+            return self.head
+
+    def segment_paths(self) -> list[str]:
+        with self._lock:
+            return [s.path for s in self._segments]
+
+    def stats(self, start: int) -> tuple[int, int]:
+        """(messages, body bytes) held at or after ``start``."""
+        with self._lock:
+            head = self.head
+            start = max(start, self.tail)
+            if start >= head:
+                return 0, 0
+            return head - start, self.body_bytes(start, head)
+
+    def body_bytes(self, lo: int, hi: int) -> int:
+        with self._lock:
+            total = 0
+            for b in self._batches_between(lo, hi):
+                a = max(lo, b.first) - b.first
+                z = min(hi, b.end) - b.first
+                total += b.sizes[z] - b.sizes[a]
+            return total
+
+    def _batches_between(self, lo: int, hi: int) -> Iterator[_Batch]:
+        for seg in self._segments:
+            if seg.end <= lo or seg.first >= hi:
+                continue
+            for b in seg.batches:
+                if b.end > lo and b.first < hi:
+                    yield b
+
+    def limit_bytes(self, start: int, end: int, max_bytes: int) -> int:
+        """The largest ``e`` in (start, end] whose bodies from ``start`` fit ``max_bytes`` (at least start+1)."""
+        with self._lock:
+            budget = max_bytes
+            for b in self._batches_between(start, end):
+                a = max(start, b.first) - b.first
+                z = min(end, b.end) - b.first
+                used = b.sizes[z] - b.sizes[a]
+                if used <= budget:
+                    budget -= used
+                    continue
+                # the first k in (a, z] with sizes[k] - sizes[a] > budget
+                k = bisect.bisect_right(b.sizes, b.sizes[a] + budget, a, z + 1)
+                return max(start + 1, b.first + k - 1)
+            return end
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Append a batch whose ``offset`` column starts at ``head`` (checked); returns the new head.
+        Durable after ``sync()`` (local) or at once (other filesystems)."""
+        if batch.num_rows == 0:
+            return self.head
+        data = batch.serialize().to_pybytes()
+        with self._lock:
+            head = self.head
+            first = batch.column(batch.schema.get_field_index(OFFSET_COLUMN))[0].as_py()
+            if first != head:
+                raise SparkMqError(f"append at offset {first} but the log head is {head}")
+            if not batch.schema.equals(self.schema):
+                raise SparkMqError("append with a schema other than the log's")
+            sizes = _body_sizes(batch)
+            if self.local:
+                seg = self._segments[-1] if self._segments else None
+                if seg is None or seg.size >= self.segment_bytes:
+                    seg = self._new_segment(head)
+                os.write(self._fd, data)
+                pos = seg.size
+                seg.size += len(data)
+                self._dirty = True
+            else:
+                name = segment_name(head)
+                seg = _Segment(head, self._path(name), len(self._schema_bytes), len(self._schema_bytes))
+                pos = seg.size
+                self._drop_empty_tail(seg.path)
+                self._write_whole(seg.path, self._schema_bytes + data)
+                seg.size += len(data)
+                self._segments.append(seg)
+            seg.batches.append(_Batch(head, batch.num_rows, pos, len(data), sizes))
+            return head + batch.num_rows
+
+    def _drop_empty_tail(self, new_path: str) -> None:
+        """Other filesystems: an empty head-marker segment is superseded by the next append (which
+        usually has the same name and overwrites it)."""
+        if self._segments and not self._segments[-1].batches:
+            old = self._segments.pop()
+            if old.path != new_path:
+                self._delete(old.path)
+
+    def _new_segment(self, first: int) -> _Segment:
+        """Local: close the active segment (fsynced), create and fsync a new one."""
+        self.sync()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        path = self._path(segment_name(first))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        os.write(fd, self._schema_bytes)
+        if self.fsync:
+            os.fsync(fd)
+            self._fsync_dir()
+        self._fd = fd
+        seg = _Segment(first, path, len(self._schema_bytes), len(self._schema_bytes))
+        self._segments.append(seg)
+        return seg
+
+    def _fsync_dir(self) -> None:
+        try:
+            dfd = os.open(self.root, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
+    def sync(self) -> None:
+        """Make every append so far durable (one fsync for the group)."""
+        with self._lock:
+            if self._dirty and self._fd is not None and self.fsync:
+                os.fsync(self._fd)
+            self._dirty = False
+
+    # -- committing -----------------------------------------------------------------------------
+
+    def commit(self, end: int) -> int:
+        """Delete every segment whose messages all lie below ``end``; returns how many were deleted.
+        When everything is committed, the active segment is replaced by an empty one at the head."""
+        deleted = 0
+        with self._lock:
+            head = self.head
+            while len(self._segments) > 1 and self._segments[0].end <= end and self._segments[1].first <= end:
+                seg = self._segments.pop(0)
+                self._delete(seg.path)
+                deleted += 1
+            if len(self._segments) == 1 and self._segments[0].batches and end >= head:
+                old = self._segments[0]
+                if self.local:
+                    self._new_segment(head)  # created (and fsynced) before the old one goes
+                else:
+                    marker = _Segment(head, self._path(segment_name(head)), len(self._schema_bytes),
+                                      len(self._schema_bytes))
+                    self._write_whole(marker.path, self._schema_bytes)
+                    self._segments.append(marker)
+                self._segments.remove(old)
+                self._delete(old.path)
+                deleted += 1
+        return deleted
+
+    def fast_forward(self, offset: int) -> None:
+        """An empty log (wiped, or a new location for an old checkpoint) continues at ``offset``."""
+        with self._lock:
+            if self.head >= offset:
+                return
+            if any(s.batches for s in self._segments):
+                raise DataLossError(f"log {self.location} ends at {self.head} but Spark resumes at {offset}")
+            old = list(self._segments)
+            self._segments = []
+            if self.local:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+                self._new_segment(offset)
+            else:
+                marker = _Segment(offset, self._path(segment_name(offset)), len(self._schema_bytes),
+                                  len(self._schema_bytes))
+                self._write_whole(marker.path, self._schema_bytes)
+                self._segments.append(marker)
+            for seg in old:
+                self._delete(seg.path)
+
+    def _delete(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def slices(self, lo: int, hi: int) -> list[LogSlice]:
+        """Per-segment byte ranges holding ``[lo, hi)`` (only what the log still has)."""
+        out = []
+        with self._lock:
+            for seg in self._segments:
+                if seg.end <= lo or seg.first >= hi:
+                    continue
+                pieces = tuple((b.pos, b.length, b.first, b.count) for b in seg.batches if b.end > lo and b.first < hi)
+                if pieces:
+                    out.append(LogSlice(self.location, seg.path, seg.schema_len, pieces,
+                                        max(lo, pieces[0][2]), min(hi, pieces[-1][2] + pieces[-1][3])))
+        return out
+
+    def read(self, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
+        for s in self.slices(lo, hi):
+            yield from read_slice(s, fs=self.fs)
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+_FS_CACHE: dict = {}
+
+
+def read_slice(s: LogSlice, fs: Optional[pafs.FileSystem] = None) -> Iterator[pa.RecordBatch]:
+    """The record batches of ``s``, cut to ``[s.lo, s.hi)``: the bytes the log wrote, read back.
+    Raises ``FileNotFoundError`` when the segment is gone."""
+    if fs is None:
+        fs = _FS_CACHE.get(s.location)
+        if fs is None:
+            fs = _FS_CACHE[s.location] = open_filesystem(s.location)[0]
+    with fs.open_input_file(s.path) as f:
+        head = f.read_at(s.schema_len, 0)
+        parts = [head]
+        # adjacent pieces are read in one call
+        start, stop = None, None
+        for pos, length, _first, _count in s.pieces:
+            if start is None:
+                start, stop = pos, pos + length
+            elif pos == stop:
+                stop += length
+            else:
+                parts.append(f.read_at(stop - start, start))
+                start, stop = pos, pos + length
+        if start is not None:
+            parts.append(f.read_at(stop - start, start))
+    data = b"".join(p.to_pybytes() if hasattr(p, "to_pybytes") else p for p in parts)
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    for (pos, length, first, count), batch in zip(s.pieces, reader):
+        a = max(s.lo, first) - first
+        z = min(s.hi, first + count) - first
+        if a == 0 and z == count:
+            yield batch
+        elif z > a:
+            yield batch.slice(a, z - a)

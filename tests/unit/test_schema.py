@@ -1,0 +1,53 @@
+"""Unit tests of spark_mq.schema: the source schemas and their exact Arrow form."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow
+from pyspark.sql.types import StringType, StructField, StructType
+
+from spark_mq import schema as S
+
+FORMATS = ("amqp08", "stomp", "malamute")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_arrow_schema_is_exactly_what_spark_expects(fmt):
+    spark_schema = S.source_schema(fmt)
+    assert S.source_arrow_schema(fmt).equals(spark_to_arrow(spark_schema, timezone="UTC"))
+    assert S.to_arrow_schema(spark_schema).equals(spark_to_arrow(spark_schema, timezone="UTC"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_core_columns_first_and_identical(fmt):
+    names = [f.name for f in S.source_schema(fmt).fields]
+    assert names[:7] == ["body", "destination", "message_id", "timestamp", "headers", "redelivered", "offset"]
+    assert S.source_ddl(fmt).startswith("body binary, destination string, message_id string, timestamp timestamp, "
+                                        "headers map<string,string>, redelivered boolean, offset bigint")
+
+
+def test_build_batch_values():
+    row = (b"\x00body", "s", "m1", 1_700_000_000_123_456, [("a", "1"), ("b", None)], True, 42,
+           "snd", "addr", "subj", "trk", [b"f1", b"f2"])
+    batch = S.build_batch("malamute", [row])
+    got = batch.to_pylist()[0]
+    assert got["body"] == b"\x00body" and got["offset"] == 42 and got["redelivered"] is True
+    assert got["headers"] == [("a", "1"), ("b", None)]
+    assert got["frames"] == [b"f1", b"f2"]
+    assert got["timestamp"].isoformat() == "2023-11-14T22:13:20.123456+00:00"
+    assert S.build_batch("malamute", []).num_rows == 0
+
+
+def test_project_subset_and_errors():
+    batch = S.build_batch("stomp", [(b"x", "d", "m", 0, None, False, 0, "sub", None, None, None, None, None)])
+    target = pa.schema([pa.field("offset", pa.int64()), pa.field("body", pa.binary())])
+    assert S.project(batch, target).to_pylist() == [{"offset": 0, "body": b"x"}]
+    with pytest.raises(S.SchemaError, match="'nope'"):
+        S.check_user_schema("stomp", pa.schema([pa.field("nope", pa.string())]))
+    with pytest.raises(S.SchemaError, match="'body' is binary"):
+        S.check_user_schema("stomp", pa.schema([pa.field("body", pa.string())]))
+    with pytest.raises(S.SchemaError):
+        S.to_arrow_schema(StructType([StructField("x", StructType([StructField("y", StringType())]))]))
+    with pytest.raises(S.SchemaError):
+        S.source_ddl("kafka")

@@ -1,0 +1,192 @@
+"""Unit tests of the source log: append/read/commit/delete, fsync grouping, crash recovery (torn tail),
+byte-identical replay, byte limits, and the same behaviour on a non-appending ("generic") filesystem."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import schema as S
+from spark_mq.sourcelog import DataLossError, LogCorruptError, SourceLog, read_slice
+
+FMT = "malamute"
+SCHEMA = S.source_arrow_schema(FMT)
+
+
+def rows(first: int, count: int, size: int = 10) -> pa.RecordBatch:
+    return S.build_batch(FMT, [
+        (bytes([i % 251]) * size, "s", f"id{i}", 1_700_000_000_000_000 + i, [("k", str(i))], False, i,
+         "sender", "addr", f"subj{i}", "", [bytes([i % 251]) * size])
+        for i in range(first, first + count)])
+
+
+def offsets(batches) -> list[int]:
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+@pytest.fixture(params=["local", "generic"])
+def make_log(request, tmp_path):
+    local = request.param == "local"
+
+    def make(**kw) -> SourceLog:
+        return SourceLog(str(tmp_path / "log"), SCHEMA, local=local, **kw)
+
+    make.local = local
+    return make
+
+
+def test_append_read_and_head_survive_reopen(make_log):
+    log = make_log()
+    assert (log.head, log.tail) == (0, 0)
+    assert log.append(rows(0, 5)) == 5
+    assert log.append(rows(5, 3)) == 8
+    log.sync()
+    assert offsets(log.read(0, 8)) == list(range(8))
+    assert offsets(log.read(2, 6)) == [2, 3, 4, 5]
+    log.close()
+    again = make_log()
+    assert (again.head, again.tail) == (8, 0)
+    assert offsets(again.read(0, 8)) == list(range(8))
+    assert again.stats(3) == (5, 50)
+
+
+def test_append_must_continue_at_the_head(make_log):
+    log = make_log()
+    log.append(rows(0, 2))
+    with pytest.raises(Exception, match="head is 2"):
+        log.append(rows(5, 1))
+
+
+def test_replay_is_byte_identical(make_log):
+    log = make_log(segment_bytes=2000)
+    for first in range(0, 100, 10):
+        log.append(rows(first, 10))
+    log.sync()
+    first_read = [b for s in log.slices(15, 77) for b in read_slice(s)]
+    log.close()
+    reopened = make_log(segment_bytes=2000)
+    second_read = [b for s in reopened.slices(15, 77) for b in read_slice(s)]
+    assert offsets(first_read) == list(range(15, 77))
+    assert [b.to_pydict() for b in first_read] == [b.to_pydict() for b in second_read]
+    assert pa.Table.from_batches(first_read).equals(pa.Table.from_batches(second_read))
+    for b in first_read:
+        assert b.schema.equals(SCHEMA)
+
+
+def test_commit_deletes_segments_wholly_below_end_and_keeps_the_head(make_log, tmp_path):
+    log = make_log(segment_bytes=1)  # a new segment for every append (local), as generic does anyway
+    for first in range(0, 30, 10):
+        log.append(rows(first, 10))
+    log.sync()
+    assert len(log.segment_paths()) == 3
+    assert log.commit(15) == 1  # [0,10) goes; [10,20) holds 15..19 still
+    assert log.tail == 10
+    assert offsets(log.read(15, 30)) == list(range(15, 30))
+    log.commit(30)  # everything: only an empty marker at the head remains
+    assert log.head == 30 and log.tail == 30
+    files = os.listdir(tmp_path / "log")
+    assert files == ["seg-00000000000000000030.arrow"]
+    log.close()
+    again = make_log()
+    assert (again.head, again.tail) == (30, 30)
+    again.append(rows(30, 2))
+    assert offsets(again.read(30, 32)) == [30, 31]
+
+
+def test_fsync_is_grouped(tmp_path, monkeypatch):
+    calls = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.append(rows(0, 1))  # creates the segment: one fsync of the file, one of the directory
+    calls.clear()
+    for i in range(1, 11):
+        log.append(rows(i, 1))
+    assert calls == []  # appends alone never fsync
+    log.sync()
+    assert len(calls) == 1
+    log.sync()
+    assert len(calls) == 1  # nothing new: no second fsync
+
+
+def test_torn_tail_is_detected_and_truncated(tmp_path):
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.append(rows(0, 4))
+    log.append(rows(4, 4))
+    log.sync()
+    (path,) = log.segment_paths()
+    good = os.path.getsize(path)
+    log.close()
+    # a crash in the middle of writing a third batch: only part of its bytes reached the file
+    torn = rows(8, 4).serialize().to_pybytes()
+    for cut in (3, 40, len(torn) - 1):
+        with open(path, "ab") as f:
+            f.write(torn[:cut])
+        again = SourceLog(str(tmp_path / "log"), SCHEMA)
+        assert again.recovered_truncations == 1
+        assert again.head == 8
+        assert os.path.getsize(path) == good
+        assert offsets(again.read(0, 8)) == list(range(8))
+        again.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert again.recovered_truncations == 0
+    again.append(rows(8, 2))
+    assert offsets(again.read(0, 10)) == list(range(10))
+
+
+def test_torn_new_segment_and_temp_files_are_dropped(tmp_path):
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.append(rows(0, 3))
+    log.close()
+    with open(tmp_path / "log" / "seg-00000000000000000003.arrow", "wb") as f:
+        f.write(SCHEMA.serialize().to_pybytes()[:10])  # crash while creating the next segment
+    (tmp_path / "log" / "seg-00000000000000000003.arrow.tmp").write_bytes(b"junk")
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert again.head == 3 and again.recovered_truncations == 1
+    assert sorted(os.listdir(tmp_path / "log")) == ["seg-00000000000000000000.arrow"]
+
+
+def test_damage_before_the_tail_is_an_error_not_a_silent_loss(tmp_path):
+    log = SourceLog(str(tmp_path / "log"), SCHEMA, segment_bytes=1)
+    log.append(rows(0, 3))
+    log.append(rows(3, 3))
+    log.close()
+    first = sorted(os.listdir(tmp_path / "log"))[0]
+    path = tmp_path / "log" / first
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(LogCorruptError, match="damaged"):
+        SourceLog(str(tmp_path / "log"), SCHEMA)
+
+
+def test_limit_bytes_and_body_bytes(make_log):
+    log = make_log()
+    log.append(rows(0, 10, size=100))
+    log.append(rows(10, 10, size=100))
+    assert log.body_bytes(0, 20) == 2000
+    assert log.body_bytes(5, 12) == 700
+    assert log.limit_bytes(0, 20, 350) == 3
+    assert log.limit_bytes(8, 20, 500) == 13
+    assert log.limit_bytes(0, 20, 10) == 1  # always at least one message
+    assert log.limit_bytes(0, 20, 10**9) == 20
+
+
+def test_fast_forward_only_when_empty(make_log):
+    log = make_log()
+    log.fast_forward(100)
+    assert log.head == 100
+    log.append(rows(100, 2))
+    with pytest.raises(DataLossError):
+        log.fast_forward(500)
+
+
+def test_missing_segment_is_file_not_found_for_readers(make_log):
+    log = make_log(segment_bytes=1)
+    log.append(rows(0, 3))
+    log.append(rows(3, 3))
+    slices = log.slices(0, 6)
+    log.commit(3)
+    with pytest.raises(FileNotFoundError):
+        list(read_slice(slices[0]))
+    assert offsets(read_slice(slices[1])) == [3, 4, 5]
