@@ -1,8 +1,11 @@
 """AMQP 0-8 client versus pika (0-9-1) on the same RabbitMQ node, in the same run.
 
 For 100 B and 4 KiB bodies: publish rate (per-message ``basic_publish`` calls, and spark-mq's
-pipelined ``publish_many``), consume rate (``basic_consume``, manual acks with ``multiple`` every
-100 messages, prefetch 1000), and this process's CPU time per message (user+system, all threads).
+pipelined ``publish_many``), consume rate (manual acks with ``multiple`` every 100 messages,
+prefetch 1000) in two styles each client offers: a blocking iterator (spark-mq ``next_message``,
+pika ``channel.consume``) and a callback (spark-mq ``on_message`` on its reader thread, pika
+``basic_consume`` + ``start_consuming``); and this process's CPU time per message (user+system,
+all threads).
 Each figure is the median of ``--rounds`` rounds; the ratios compare the two clients measured
 alternately in the same rounds, so a noisy machine affects both alike.
 
@@ -68,6 +71,33 @@ def ours_consume(url: str, queue: str, n: int):
     return m
 
 
+def ours_consume_callback(url: str, queue: str, n: int):
+    import threading
+
+    from spark_mq.clients.amqp08 import Connection
+
+    done = threading.Event()
+    state = {"got": 0}
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+
+        def on_message(msg):
+            state["got"] += 1
+            got = state["got"]
+            if got % 100 == 0 or got == n:
+                ch.basic_ack(msg.delivery_tag, multiple=True)
+            if got == n:
+                done.set()
+
+        with measured() as m:
+            ch.basic_consume(queue, on_message=on_message)
+            if not done.wait(60):
+                raise RuntimeError(f"spark-mq callback consumer stalled after {state['got']} of {n}")
+            ch.queue_declare(queue, passive=True)
+    return m
+
+
 # -- pika ------------------------------------------------------------------------------------
 
 
@@ -75,6 +105,32 @@ def _pika_params(url: str):
     import pika
 
     return pika.URLParameters(url)
+
+
+def pika_consume_callback(url: str, queue: str, n: int):
+    import pika
+
+    conn = pika.BlockingConnection(_pika_params(url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1000)
+    state = {"got": 0}
+
+    def on_message(channel, method, _props, _body):
+        state["got"] += 1
+        got = state["got"]
+        if got % 100 == 0 or got == n:
+            channel.basic_ack(method.delivery_tag, multiple=True)
+        if got == n:
+            channel.stop_consuming()
+
+    with measured() as m:
+        ch.basic_consume(queue, on_message)
+        ch.start_consuming()
+        ch.queue_declare(queue, passive=True)
+    conn.close()
+    if state["got"] != n:
+        raise RuntimeError(f"pika callback consumer got {state['got']} of {n}")
+    return m
 
 
 def pika_publish(url: str, queue: str, body: bytes, n: int):
@@ -155,7 +211,8 @@ def _run(url: str, counts: dict, rounds: int) -> dict:
     for size in SIZES:
         n = counts[size]
         body = bytes(size)
-        samples = {k: [] for k in ("ours_pub", "ours_pub_pipelined", "pika_pub", "ours_con", "pika_con")}
+        samples = {k: [] for k in ("ours_pub", "ours_pub_pipelined", "pika_pub", "ours_con", "pika_con",
+                                   "ours_cb", "pika_cb")}
         for _ in range(rounds):
             for who in ("pika", "ours"):
                 queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -165,9 +222,13 @@ def _run(url: str, counts: dict, rounds: int) -> dict:
                     samples["ours_con"].append(ours_consume(url, queue, n))
                     sch.queue_purge(queue)
                     samples["ours_pub_pipelined"].append(ours_publish(url, queue, body, n, pipelined=True))
+                    samples["ours_cb"].append(ours_consume_callback(url, queue, n))
                 else:
                     samples["pika_pub"].append(pika_publish(url, queue, body, n))
                     samples["pika_con"].append(pika_consume(url, queue, n))
+                    sch.queue_purge(queue)
+                    pika_publish(url, queue, body, n)
+                    samples["pika_cb"].append(pika_consume_callback(url, queue, n))
                 sch.queue_delete(queue)
         row = {}
         for key, ms in samples.items():
@@ -180,6 +241,8 @@ def _run(url: str, counts: dict, rounds: int) -> dict:
         row["publish_cpu_ratio"] = row["ours_pub"]["cpu_us_per_msg"] / row["pika_pub"]["cpu_us_per_msg"]
         row["consume_rate_ratio"] = row["ours_con"]["msgs_per_s"] / row["pika_con"]["msgs_per_s"]
         row["consume_cpu_ratio"] = row["ours_con"]["cpu_us_per_msg"] / row["pika_con"]["cpu_us_per_msg"]
+        row["callback_rate_ratio"] = row["ours_cb"]["msgs_per_s"] / row["pika_cb"]["msgs_per_s"]
+        row["callback_cpu_ratio"] = row["ours_cb"]["cpu_us_per_msg"] / row["pika_cb"]["cpu_us_per_msg"]
         results[f"{size}B"] = row
     setup.close()
     _print(results)
@@ -192,11 +255,13 @@ def _print(results: dict) -> None:
     for size, row in results.items():
         for key, label in (("ours_pub", "spark-mq publish"), ("ours_pub_pipelined", "spark-mq publish_many"),
                            ("pika_pub", "pika publish"), ("ours_con", "spark-mq consume+ack"),
-                           ("pika_con", "pika consume+ack")):
+                           ("pika_con", "pika consume+ack"), ("ours_cb", "spark-mq callback+ack"),
+                           ("pika_cb", "pika callback+ack")):
             print(f"{size:>6} {label:<26} {row[key]['msgs_per_s']:>10,.0f} {row[key]['cpu_us_per_msg']:>11.2f}")
         print(f"{size:>6} ratios vs pika: publish rate x{row['publish_rate_ratio']:.2f}, "
               f"publish CPU x{row['publish_cpu_ratio']:.2f}, consume rate x{row['consume_rate_ratio']:.2f}, "
-              f"consume CPU x{row['consume_cpu_ratio']:.2f}")
+              f"consume CPU x{row['consume_cpu_ratio']:.2f}, callback rate x{row['callback_rate_ratio']:.2f}, "
+              f"callback CPU x{row['callback_cpu_ratio']:.2f}")
 
 
 if __name__ == "__main__":

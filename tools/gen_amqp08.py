@@ -142,7 +142,7 @@ def emit_decode_fields(e: Emitter, fields, indent: str) -> None:
             f = item
             if f.type == "shortstr":
                 e.w(f"{indent}n = buf[o]")
-                e.w(f"{indent}{f.attr} = _str(buf[o + 1:o + 1 + n])")
+                e.w(f"{indent}{f.attr} = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')")
                 e.w(f"{indent}o += 1 + n")
             elif f.type == "longstr":
                 e.w(f"{indent}n = _unpack_I(buf, o)[0]")
@@ -433,7 +433,6 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     e.w("from spark_mq.protocol.amqp08.codec import (")
     e.w("    Method,")
     e.w("    Properties,")
-    e.w("    _str,")
     e.w("    _unpack_I,")
     e.w("    decode_table,")
     e.w("    encode_longstr,")
@@ -473,7 +472,7 @@ def decode_prop(e: Emitter, f: Field) -> list[str]:
         s = e.struct(FIXED[f.type])
         return [f"self.{f.attr} = {s}.unpack_from(buf, o)[0]", f"o += {s}.size"]
     if f.type == "shortstr":
-        return ["n = buf[o]", f"self.{f.attr} = _str(buf[o + 1:o + 1 + n])", "o += 1 + n"]
+        return ["n = buf[o]", f"self.{f.attr} = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')", "o += 1 + n"]
     if f.type == "longstr":
         return ["n = _unpack_I(buf, o)[0]", f"self.{f.attr} = bytes(buf[o + 4:o + 4 + n])", "o += 4 + n"]
     if f.type == "table":

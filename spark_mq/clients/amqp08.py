@@ -236,6 +236,11 @@ class Connection:
             elif kind is MethodReceived:
                 ch = channels.get(ev.channel)
                 if ch is not None:
+                    if ch._pending_callback is not None and type(ev.method) is spec.BasicConsumeOk:
+                        # register before any later event of this batch: the consumer's first
+                        # deliveries may follow consume-ok in the same read
+                        ch._callbacks[ev.method.consumer_tag] = ch._pending_callback
+                        ch._pending_callback = None
                     ch._replies.append(ev.method)
             elif kind is ChannelOpened:
                 ch = channels.get(ev.channel)
@@ -342,6 +347,8 @@ class Channel:
         self.flow_active = True
         self.on_return: Optional[Callable[[Message], None]] = None
         self._consumers: set[str] = set()
+        self._callbacks: dict[str, Callable[[Message], None]] = {}
+        self._pending_callback: Optional[Callable[[Message], None]] = None
         self.ticket = 0
 
     def __repr__(self) -> str:
@@ -360,9 +367,14 @@ class Channel:
 
     # called by the connection with its lock held
     def _on_content(self, ev: ContentReceived) -> None:
-        kind = type(ev.method)
+        method = ev[1]
+        kind = type(method)
         if kind is spec.BasicDeliver:
-            self._deliveries.append(Message(ev, self))
+            callback = self._callbacks.get(method.consumer_tag) if self._callbacks else None
+            if callback is None:
+                self._deliveries.append(Message(ev, self))
+            else:
+                callback(Message(ev, self))
         elif kind is spec.BasicReturn:
             msg = Message(ev, self)
             if self.on_return is not None:
@@ -485,8 +497,15 @@ class Channel:
         self.call(spec.BasicQos(prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_))
 
     def basic_consume(self, queue: str, consumer_tag: str = "", *, no_ack: bool = False, no_local: bool = False,
-                      exclusive: bool = False, arguments: Optional[dict] = None) -> str:
-        """Start a consumer; deliveries are read with ``next_message``/``consume``. Returns the tag."""
+                      exclusive: bool = False, arguments: Optional[dict] = None,
+                      on_message: Optional[Callable[[Message], None]] = None) -> str:
+        """Start a consumer and return its tag.
+
+        Deliveries are read with ``next_message``/``consume``/``drain``, or, with ``on_message``, handed
+        to that callback on the connection's reader thread as they are decoded (no thread hand-off:
+        the fastest path). The callback must return quickly and must not wait for broker replies
+        (``basic_ack`` is fine: it has none); an exception it raises ends the connection.
+        """
         if self.connection.dialect == "rabbitmq":
             if arguments:
                 raise LocalProtocolError("RabbitMQ's AMQP 0-8 basic.consume has no arguments table")
@@ -495,13 +514,22 @@ class Channel:
         else:
             method = spec.BasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
                                        no_local=no_local, no_ack=no_ack, exclusive=exclusive, arguments=arguments)
-        ok = self.call(method)
-        self._consumers.add(ok.consumer_tag)
+        conn = self.connection
+        with conn._cv:
+            # The broker sends consume-ok before the consumer's first delivery; the reader thread
+            # registers the callback when it decodes consume-ok, so no delivery slips past it.
+            self._pending_callback = on_message
+            try:
+                ok = self.call(method)
+            finally:
+                self._pending_callback = None
+            self._consumers.add(ok.consumer_tag)
         return ok.consumer_tag
 
     def basic_cancel(self, consumer_tag: str) -> None:
         self.call(spec.BasicCancel(consumer_tag=consumer_tag))
         self._consumers.discard(consumer_tag)
+        self._callbacks.pop(consumer_tag, None)
 
     def basic_publish(self, exchange: str, routing_key: str, body, properties: Optional[BasicProperties] = None,
                       *, mandatory: bool = False, immediate: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:

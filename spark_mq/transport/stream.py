@@ -4,13 +4,19 @@ Owns the socket, a reader thread and a periodic tick. It knows nothing of any pr
 bytes read are handed to ``on_data`` (on the reader thread), ``on_tick(now)`` runs on the
 reader thread at least every ``tick_interval`` seconds even when nothing arrives (so a
 protocol can send heartbeats while the application is busy or idle), and ``on_closed(exc)``
-runs exactly once when the stream ends, with ``None`` for a clean local close.
+runs exactly once when the stream ends, with ``None`` for a clean local close. If ``on_data``
+or ``on_tick`` raises, the socket is closed and ``on_closed`` gets that exception.
+
+TLS: an OpenSSL connection must not be read and written by two threads at once, so with TLS
+the socket is non-blocking and every SSL read or write happens under one lock, the reader
+waiting for readability with ``select`` outside it. Plain TCP sockets need no such lock.
 
 It must not parse frames or hold protocol state.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import threading
@@ -21,6 +27,7 @@ from typing import Callable, Optional, Sequence
 from spark_mq.errors import ConnectionClosedError
 
 _READ_SIZE = 256 * 1024
+_TLS_RETRY = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,8 @@ class StreamDriver:
         name: str = "spark-mq-reader",
     ) -> None:
         self._sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._ssl_lock = threading.Lock()  # TLS only: one SSL call at a time
         self._on_data = on_data
         self._on_closed = on_closed
         self._on_tick = on_tick
@@ -90,7 +99,10 @@ class StreamDriver:
         self.last_recv = time.monotonic()
 
     def start(self) -> None:
-        self._sock.settimeout(self._tick_interval)
+        if self._tls:
+            self._sock.setblocking(False)
+        else:
+            self._sock.settimeout(self._tick_interval)
         self._thread.start()
 
     @property
@@ -102,21 +114,41 @@ class StreamDriver:
             raise ConnectionClosedError("connection is closed")
         try:
             with self._send_lock:
-                # sendall honours the socket timeout per call; a peer that stops reading
-                # for longer than the tick makes sendall raise socket.timeout, so loop.
-                view = memoryview(data)
-                while view:
-                    try:
-                        sent = self._sock.send(view)
-                    except (socket.timeout, ssl.SSLWantWriteError):
-                        if self._closed:
-                            raise ConnectionClosedError("connection closed while sending") from None
-                        continue
-                    view = view[sent:]
+                if self._tls:
+                    self._send_tls(memoryview(data))
+                else:
+                    self._send_plain(memoryview(data))
                 self.last_send = time.monotonic()
         except OSError as exc:
             self._finish(ConnectionClosedError(f"send failed: {exc}"))
             raise ConnectionClosedError(f"send failed: {exc}") from exc
+
+    def _send_plain(self, view: memoryview) -> None:
+        # the socket timeout is the reader's tick: a peer that stops reading for longer than
+        # that makes send raise socket.timeout, so keep trying until the connection closes
+        while view:
+            try:
+                sent = self._sock.send(view)
+            except socket.timeout:
+                if self._closed:
+                    raise ConnectionClosedError("connection closed while sending") from None
+                continue
+            view = view[sent:]
+
+    def _send_tls(self, view: memoryview) -> None:
+        sock = self._sock
+        while view:
+            with self._ssl_lock:
+                try:
+                    sent = sock.send(view[:65536])
+                except _TLS_RETRY:
+                    sent = 0
+            if sent:
+                view = view[sent:]
+                continue
+            if self._closed:
+                raise ConnectionClosedError("connection closed while sending")
+            select.select([], [sock], [], self._tick_interval)
 
     def sendmany(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
         self.send(b"".join(chunks))
@@ -124,11 +156,7 @@ class StreamDriver:
     def close(self) -> None:
         """Close the socket locally; ``on_closed(None)`` runs once."""
         self._closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        self._close_socket()
         self._finish(None)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
@@ -136,12 +164,15 @@ class StreamDriver:
     def abort(self, exc: BaseException) -> None:
         """Drop the connection because of ``exc`` (for example a missed heartbeat)."""
         self._closing = True
+        self._close_socket()
+        self._finish(exc)
+
+    def _close_socket(self) -> None:
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        self._finish(exc)
 
     def _finish(self, exc: Optional[BaseException]) -> None:
         with self._closed_once:
@@ -150,22 +181,32 @@ class StreamDriver:
             self._closed = True
         self._on_closed(exc)
 
-    def _run(self) -> None:
+    def _recv_tls(self):
+        """One read: bytes, b"" at end of stream, or None when nothing arrived within the tick."""
         sock = self._sock
-        recv = sock.recv
+        with self._ssl_lock:
+            try:
+                return sock.recv(_READ_SIZE)
+            except _TLS_RETRY:
+                pass
+        readable, _, _ = select.select([sock], [], [], self._tick_interval)
+        if not readable:
+            return None
+        with self._ssl_lock:
+            try:
+                return sock.recv(_READ_SIZE)
+            except _TLS_RETRY:
+                return None
+
+    def _run(self) -> None:
+        recv = self._recv_tls if self._tls else self._recv_plain
         next_tick = time.monotonic() + self._tick_interval
         try:
             while not self._closed:
-                try:
-                    data = recv(_READ_SIZE)
-                except (socket.timeout, ssl.SSLWantReadError):
-                    data = None
+                data = recv()
                 if data is not None:
                     if not data:
-                        if self._closing:
-                            self._finish(None)
-                        else:
-                            self._finish(ConnectionClosedError("connection closed by peer"))
+                        self._closing_done(None if self._closing else ConnectionClosedError("connection closed by peer"))
                         return
                     self.last_recv = time.monotonic()
                     self._on_data(data)
@@ -175,6 +216,17 @@ class StreamDriver:
                         next_tick = now + self._tick_interval
                         self._on_tick(now)
         except OSError as exc:
-            self._finish(None if self._closing else ConnectionClosedError(f"connection lost: {exc}"))
-        except BaseException as exc:  # a protocol error raised by on_data ends the connection
-            self._finish(exc)
+            self._closing_done(None if self._closing else ConnectionClosedError(f"connection lost: {exc}"))
+        except BaseException as exc:  # a protocol error raised by on_data/on_tick ends the connection
+            self._closing_done(exc)
+
+    def _recv_plain(self):
+        try:
+            return self._sock.recv(_READ_SIZE)
+        except socket.timeout:
+            return None
+
+    def _closing_done(self, exc: Optional[BaseException]) -> None:
+        self._closing = True
+        self._close_socket()
+        self._finish(exc)

@@ -15,7 +15,6 @@ from spark_mq.errors import RemoteProtocolError
 from spark_mq.protocol.amqp08.codec import (
     Method,
     Properties,
-    _str,
     _unpack_I,
     decode_table,
     encode_longstr,
@@ -181,13 +180,13 @@ class ConnectionStartOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         client_properties, o = decode_table(buf, o)
         n = buf[o]
-        mechanism = _str(buf[o + 1:o + 1 + n])
+        mechanism = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = _unpack_I(buf, o)[0]
         response = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
         n = buf[o]
-        locale = _str(buf[o + 1:o + 1 + n])
+        locale = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(client_properties, mechanism, response, locale), o
 
@@ -353,10 +352,10 @@ class ConnectionOpen(Method):
     def decode(cls, buf, o: int) -> tuple[ConnectionOpen, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        virtual_host = _str(buf[o + 1:o + 1 + n])
+        virtual_host = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        capabilities = _str(buf[o + 1:o + 1 + n])
+        capabilities = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -391,7 +390,7 @@ class ConnectionOpenOk(Method):
     def decode(cls, buf, o: int) -> tuple[ConnectionOpenOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        known_hosts = _str(buf[o + 1:o + 1 + n])
+        known_hosts = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(known_hosts), o
 
@@ -425,10 +424,10 @@ class ConnectionRedirect(Method):
     def decode(cls, buf, o: int) -> tuple[ConnectionRedirect, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        host = _str(buf[o + 1:o + 1 + n])
+        host = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        known_hosts = _str(buf[o + 1:o + 1 + n])
+        known_hosts = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(host, known_hosts), o
 
@@ -467,7 +466,7 @@ class ConnectionClose(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         class_id, method_id = _S_HH.unpack_from(buf, o)
         o += _S_HH.size
@@ -525,7 +524,7 @@ class ChannelOpen(Method):
     def decode(cls, buf, o: int) -> tuple[ChannelOpen, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        out_of_band = _str(buf[o + 1:o + 1 + n])
+        out_of_band = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(out_of_band), o
 
@@ -651,7 +650,7 @@ class ChannelAlert(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         details, o = decode_table(buf, o)
         return cls(reply_code, reply_text, details), o
@@ -691,7 +690,7 @@ class ChannelClose(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         class_id, method_id = _S_HH.unpack_from(buf, o)
         o += _S_HH.size
@@ -755,7 +754,7 @@ class AccessRequest(Method):
     def decode(cls, buf, o: int) -> tuple[AccessRequest, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        realm = _str(buf[o + 1:o + 1 + n])
+        realm = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -839,10 +838,10 @@ class ExchangeDeclare(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        type = _str(buf[o + 1:o + 1 + n])
+        type = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -913,7 +912,7 @@ class ExchangeDelete(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -977,13 +976,13 @@ class ExchangeBound(Method):
     def decode(cls, buf, o: int) -> tuple[ExchangeBound, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(exchange, routing_key, queue), o
 
@@ -1019,7 +1018,7 @@ class ExchangeBoundOk(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(reply_code, reply_text), o
 
@@ -1063,7 +1062,7 @@ class QueueDeclare(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1106,7 +1105,7 @@ class QueueDeclareOk(Method):
     def decode(cls, buf, o: int) -> tuple[QueueDeclareOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         message_count, consumer_count = _S_II.unpack_from(buf, o)
         o += _S_II.size
@@ -1152,13 +1151,13 @@ class QueueBind(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1224,7 +1223,7 @@ class QueuePurge(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1298,7 +1297,7 @@ class QueueDelete(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1437,10 +1436,10 @@ class BasicConsume(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1479,7 +1478,7 @@ class BasicConsumeOk(Method):
     def decode(cls, buf, o: int) -> tuple[BasicConsumeOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -1513,7 +1512,7 @@ class BasicCancel(Method):
     def decode(cls, buf, o: int) -> tuple[BasicCancel, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1548,7 +1547,7 @@ class BasicCancelOk(Method):
     def decode(cls, buf, o: int) -> tuple[BasicCancelOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -1589,10 +1588,10 @@ class BasicPublish(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1636,13 +1635,13 @@ class BasicReturn(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(reply_code, reply_text, exchange, routing_key), o
 
@@ -1681,16 +1680,16 @@ class BasicDeliver(Method):
     def decode(cls, buf, o: int) -> tuple[BasicDeliver, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         redelivered = bool(bits1 & 1)
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag, delivery_tag, redelivered, exchange, routing_key), o
 
@@ -1728,7 +1727,7 @@ class BasicGet(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -1773,10 +1772,10 @@ class BasicGetOk(Method):
         o += _S_QB.size
         redelivered = bool(bits1 & 1)
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         message_count, = _S_I.unpack_from(buf, o)
         o += _S_I.size
@@ -1810,7 +1809,7 @@ class BasicGetEmpty(Method):
     def decode(cls, buf, o: int) -> tuple[BasicGetEmpty, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        cluster_id = _str(buf[o + 1:o + 1 + n])
+        cluster_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(cluster_id), o
 
@@ -2033,10 +2032,10 @@ class FileConsume(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -2074,7 +2073,7 @@ class FileConsumeOk(Method):
     def decode(cls, buf, o: int) -> tuple[FileConsumeOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -2108,7 +2107,7 @@ class FileCancel(Method):
     def decode(cls, buf, o: int) -> tuple[FileCancel, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -2143,7 +2142,7 @@ class FileCancelOk(Method):
     def decode(cls, buf, o: int) -> tuple[FileCancelOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -2177,7 +2176,7 @@ class FileOpen(Method):
     def decode(cls, buf, o: int) -> tuple[FileOpen, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        identifier = _str(buf[o + 1:o + 1 + n])
+        identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         content_size, = _S_Q.unpack_from(buf, o)
         o += _S_Q.size
@@ -2277,17 +2276,17 @@ class FilePublish(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         mandatory = bool(bits0 & 1)
         immediate = bool(bits0 & 2)
         n = buf[o]
-        identifier = _str(buf[o + 1:o + 1 + n])
+        identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(ticket, exchange, routing_key, mandatory, immediate, identifier), o
 
@@ -2327,13 +2326,13 @@ class FileReturn(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(reply_code, reply_text, exchange, routing_key), o
 
@@ -2374,19 +2373,19 @@ class FileDeliver(Method):
     def decode(cls, buf, o: int) -> tuple[FileDeliver, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         redelivered = bool(bits1 & 1)
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        identifier = _str(buf[o + 1:o + 1 + n])
+        identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag, delivery_tag, redelivered, exchange, routing_key, identifier), o
 
@@ -2553,10 +2552,10 @@ class StreamConsume(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -2593,7 +2592,7 @@ class StreamConsumeOk(Method):
     def decode(cls, buf, o: int) -> tuple[StreamConsumeOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -2627,7 +2626,7 @@ class StreamCancel(Method):
     def decode(cls, buf, o: int) -> tuple[StreamCancel, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -2662,7 +2661,7 @@ class StreamCancelOk(Method):
     def decode(cls, buf, o: int) -> tuple[StreamCancelOk, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag), o
 
@@ -2703,10 +2702,10 @@ class StreamPublish(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -2750,13 +2749,13 @@ class StreamReturn(Method):
         reply_code, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        reply_text = _str(buf[o + 1:o + 1 + n])
+        reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(reply_code, reply_text, exchange, routing_key), o
 
@@ -2794,15 +2793,15 @@ class StreamDeliver(Method):
     def decode(cls, buf, o: int) -> tuple[StreamDeliver, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         delivery_tag, = _S_Q.unpack_from(buf, o)
         o += _S_Q.size
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(consumer_tag, delivery_tag, exchange, queue), o
 
@@ -3026,7 +3025,7 @@ class DtxStart(Method):
     def decode(cls, buf, o: int) -> tuple[DtxStart, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        dtx_identifier = _str(buf[o + 1:o + 1 + n])
+        dtx_identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         return cls(dtx_identifier), o
 
@@ -3182,7 +3181,7 @@ class TestString(Method):
     def decode(cls, buf, o: int) -> tuple[TestString, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         n = buf[o]
-        string_1 = _str(buf[o + 1:o + 1 + n])
+        string_1 = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = _unpack_I(buf, o)[0]
         string_2 = bytes(buf[o + 4:o + 4 + n])
@@ -3387,13 +3386,13 @@ class RabbitQueueUnbind(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        exchange = _str(buf[o + 1:o + 1 + n])
+        exchange = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        routing_key = _str(buf[o + 1:o + 1 + n])
+        routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         arguments, o = decode_table(buf, o)
         return cls(ticket, queue, exchange, routing_key, arguments), o
@@ -3461,10 +3460,10 @@ class RabbitBasicConsume(Method):
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
         n = buf[o]
-        queue = _str(buf[o + 1:o + 1 + n])
+        queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         n = buf[o]
-        consumer_tag = _str(buf[o + 1:o + 1 + n])
+        consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
@@ -3813,11 +3812,11 @@ class BasicProperties(Properties):
             return self, o
         if flags & 0x8000:
             n = buf[o]
-            self.content_type = _str(buf[o + 1:o + 1 + n])
+            self.content_type = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x4000:
             n = buf[o]
-            self.content_encoding = _str(buf[o + 1:o + 1 + n])
+            self.content_encoding = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
@@ -3829,38 +3828,38 @@ class BasicProperties(Properties):
             o += _S_B.size
         if flags & 0x0400:
             n = buf[o]
-            self.correlation_id = _str(buf[o + 1:o + 1 + n])
+            self.correlation_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0200:
             n = buf[o]
-            self.reply_to = _str(buf[o + 1:o + 1 + n])
+            self.reply_to = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0100:
             n = buf[o]
-            self.expiration = _str(buf[o + 1:o + 1 + n])
+            self.expiration = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0080:
             n = buf[o]
-            self.message_id = _str(buf[o + 1:o + 1 + n])
+            self.message_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0040:
             self.timestamp = _S_Q.unpack_from(buf, o)[0]
             o += _S_Q.size
         if flags & 0x0020:
             n = buf[o]
-            self.type = _str(buf[o + 1:o + 1 + n])
+            self.type = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0010:
             n = buf[o]
-            self.user_id = _str(buf[o + 1:o + 1 + n])
+            self.user_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0008:
             n = buf[o]
-            self.app_id = _str(buf[o + 1:o + 1 + n])
+            self.app_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0004:
             n = buf[o]
-            self.cluster_id = _str(buf[o + 1:o + 1 + n])
+            self.cluster_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         return self, o
 
@@ -3937,11 +3936,11 @@ class FileProperties(Properties):
             return self, o
         if flags & 0x8000:
             n = buf[o]
-            self.content_type = _str(buf[o + 1:o + 1 + n])
+            self.content_type = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x4000:
             n = buf[o]
-            self.content_encoding = _str(buf[o + 1:o + 1 + n])
+            self.content_encoding = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
@@ -3950,22 +3949,22 @@ class FileProperties(Properties):
             o += _S_B.size
         if flags & 0x0800:
             n = buf[o]
-            self.reply_to = _str(buf[o + 1:o + 1 + n])
+            self.reply_to = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0400:
             n = buf[o]
-            self.message_id = _str(buf[o + 1:o + 1 + n])
+            self.message_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0200:
             n = buf[o]
-            self.filename = _str(buf[o + 1:o + 1 + n])
+            self.filename = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x0100:
             self.timestamp = _S_Q.unpack_from(buf, o)[0]
             o += _S_Q.size
         if flags & 0x0080:
             n = buf[o]
-            self.cluster_id = _str(buf[o + 1:o + 1 + n])
+            self.cluster_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         return self, o
 
@@ -4026,11 +4025,11 @@ class StreamProperties(Properties):
             return self, o
         if flags & 0x8000:
             n = buf[o]
-            self.content_type = _str(buf[o + 1:o + 1 + n])
+            self.content_type = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x4000:
             n = buf[o]
-            self.content_encoding = _str(buf[o + 1:o + 1 + n])
+            self.content_encoding = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x2000:
             self.headers, o = decode_table(buf, o)
@@ -4101,11 +4100,11 @@ class TunnelProperties(Properties):
             self.headers, o = decode_table(buf, o)
         if flags & 0x4000:
             n = buf[o]
-            self.proxy_name = _str(buf[o + 1:o + 1 + n])
+            self.proxy_name = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x2000:
             n = buf[o]
-            self.data_name = _str(buf[o + 1:o + 1 + n])
+            self.data_name = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
             o += 1 + n
         if flags & 0x1000:
             self.durable = _S_B.unpack_from(buf, o)[0]

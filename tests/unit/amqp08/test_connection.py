@@ -306,3 +306,36 @@ def test_fuzz_method_frames_with_valid_ids(cls, tail):
         conn.receive_data(frame)
     except RemoteProtocolError:
         pass
+
+
+def test_whole_messages_in_one_read_take_the_fast_path_and_match_the_slow_one():
+    """Many complete deliveries in one read are decoded in one step each; the result must be the
+    same as feeding the same bytes one at a time (the general, frame-by-frame path)."""
+    bodies = [b"", b"a", bytes(range(256)) * 40, b"z" * 100]  # empty, tiny, multi-frame (4096), plain
+    props = [spec.BasicProperties(), spec.BasicProperties(message_id="m", headers={"h": 1}),
+             spec.BasicProperties(delivery_mode=2), spec.BasicProperties(content_type="x")]
+    data = b"".join(
+        server_content(1, spec.BasicDeliver(consumer_tag="c", delivery_tag=i + 1, redelivered=i % 2 == 1,
+                                            exchange="ex", routing_key="rk"), p, b, frame_max=4096)
+        for i, (p, b) in enumerate(zip(props, bodies)))
+    fast, _ = open_connection()
+    open_channel(fast, 1)
+    fast_events = fast.receive_data(data)
+    slow, _ = open_connection()
+    open_channel(slow, 1)
+    slow_events = []
+    for i in range(len(data)):
+        slow_events += slow.receive_data(data[i:i + 1])
+    assert [(e.method, e.properties, e.body) for e in fast_events] == \
+        [(e.method, e.properties, e.body) for e in slow_events]
+    assert [e.body for e in fast_events] == bodies and [e.properties for e in fast_events] == props
+
+
+def test_fast_path_still_checks_frame_end_and_sizes():
+    good = server_content(1, spec.BasicDeliver(consumer_tag="c", delivery_tag=1), spec.BasicProperties(), b"abc")
+    bad = bytearray(good)
+    bad[-1] = 0  # body frame's frame-end octet
+    conn, _ = open_connection()
+    open_channel(conn, 1)
+    with pytest.raises(RemoteProtocolError, match="frame-end"):
+        conn.receive_data(bytes(bad))
