@@ -1,0 +1,390 @@
+"""Spark's side of the sources: the DataSource base class, the stream reader, the batch reader.
+
+Responsible for: options validation at ``load()``, offsets (``{"offset": N}``, positions in the
+source log), read limits (Spark 4.2+ ``ReadLimit`` objects where present, the same limits from
+options otherwise), availableNow, splitting a range into partitions, executor reads of log
+segments as Arrow record batches, ``commit`` and the backlog figures of ``reportLatestOffset``.
+Not responsible for brokers (``ingest`` + per-format ``Consumer``) or the log format (``sourcelog``).
+
+Where things run (see pyspark-4.3-facts.md): every method but ``read`` runs in one long-lived
+driver-side process on one reader instance, which owns the ingest thread (started at the first
+offset call, never in ``__init__``); ``read`` runs on executors on an unpickled copy that only
+knows options and schema, and reads segment files by path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Iterator, Optional
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+
+from spark_mq import schema as S
+from spark_mq.errors import OptionError
+from spark_mq.options import SOURCE, Options, parse_options
+from spark_mq.sourcelog import DataLossError, LogSlice, read_slice
+
+log = logging.getLogger("spark_mq.sources")
+
+try:  # Spark 4.2+: read limits and the availableNow mixin
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow,
+    )
+    HAS_READ_LIMITS = True
+except ImportError:  # Spark 4.0/4.1: limits come from the options only, no availableNow
+    ReadAllAvailable = ReadMaxBytes = ReadMaxRows = ReadMinRows = None
+    SupportsTriggerAvailableNow = None
+    HAS_READ_LIMITS = False
+
+__all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS"]
+
+_FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
+_AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
+_DEFAULT_PREFETCH = 1000
+_DEFAULT_COMMIT_PREFETCH = 10_000
+
+
+def _batch_id() -> str:
+    try:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is not None:
+            return ctx.getLocalProperty("streaming.sql.batchId") or "?"
+    except Exception:  # noqa: BLE001 - only for the error message
+        pass
+    return "?"
+
+
+class LogPartition(InputPartition):
+    """Offsets ``[lo, hi)`` of the log: the segment byte ranges to read (picklable, no handles)."""
+
+    def __init__(self, index: int, lo: int, hi: int, slices: tuple, missing: Optional[tuple],
+                 location: str, fail_on_data_loss: bool) -> None:
+        super().__init__(index)
+        self.index = index
+        self.lo, self.hi = lo, hi
+        self.slices = slices
+        self.missing = missing
+        self.location = location
+        self.fail_on_data_loss = fail_on_data_loss
+
+
+class MemoryPartition(InputPartition):
+    """A batch read's messages, already drained and acked, as Arrow IPC bytes."""
+
+    def __init__(self, index: int, data: bytes) -> None:
+        super().__init__(index)
+        self.data = data
+
+
+def prefetch_of(opts: Options) -> int:
+    if opts.get("prefetch"):
+        return opts.prefetch
+    return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
+
+
+def _data_loss(lo: int, hi: int, location: str, why: str) -> DataLossError:
+    return DataLossError(
+        f"micro-batch {_batch_id()}: offsets [{lo}, {hi}) are no longer in the source log at {location} ({why}). "
+        f"They were deleted, or logLocation changed or was wiped. Set failOnDataLoss=false to skip them.")
+
+
+def read_partition(partition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Executor side of a stream read: the log's bytes for the partition, projected to ``target``."""
+    if isinstance(partition, MemoryPartition):
+        for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
+            yield S.project(batch, target)
+        return
+    if partition.missing is not None:
+        lo, hi = partition.missing
+        if partition.fail_on_data_loss:
+            raise _data_loss(lo, hi, partition.location, "segments deleted")
+        log.warning("skipping offsets [%d, %d): gone from the source log at %s", lo, hi, partition.location)
+    for s in partition.slices:
+        try:
+            for batch in read_slice(s):
+                yield S.project(batch, target)
+        except FileNotFoundError as exc:
+            if partition.fail_on_data_loss:
+                raise _data_loss(s.lo, s.hi, partition.location, f"missing file {s.path}") from exc
+            log.warning("skipping offsets [%d, %d): %s is gone", s.lo, s.hi, s.path)
+
+
+class MQStreamReader(DataSourceStreamReader):
+    """The stream reader of every format; per-format modules give it a ``connect(attempt)`` factory."""
+
+    def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+        self.fmt = fmt
+        self.opts = opts
+        self.target_schema = S.to_arrow_schema(schema)
+        S.check_user_schema(fmt, self.target_schema)
+        self._connector = connector       # picklable: a module-level function (opts, attempt) -> Consumer
+        self._ingest = None
+        self._last_end: Optional[int] = None
+        self._last_batch_time: Optional[float] = None
+        self._started_at: Optional[float] = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_ingest"] = None  # never ship a live ingest (threads, sockets) anywhere
+        return state
+
+    # -- the ingest (driver-side process only) ---------------------------------------------------
+
+    def _engine(self):
+        if self._ingest is None:
+            from spark_mq.sources.ingest import Ingest
+            opts, connector = self.opts, self._connector
+            self._ingest = Ingest(self.fmt, opts, lambda attempt: connector(opts, attempt))
+            self._ingest.start()
+            self._started_at = time.monotonic()
+            _exit_on_sigterm()
+        self._ingest.check()
+        return self._ingest
+
+    def _wait_first(self, ing) -> None:
+        """The first offset call of a run waits until the ingest has had a look at the broker, so a
+        ``once`` trigger or the first batch sees what is already queued."""
+        quiet = self.opts.quietPeriod
+        started = self._started_at
+        ing.wait_for(lambda: ing.quiet() or ing.paused or
+                     (ing.first_poll_done and time.monotonic() - started >= quiet),
+                     quiet + self.opts.connectTimeout + _FIRST_CALL_EXTRA)
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        ing = self._engine()
+        return {"offset": ing.log.tail}
+
+    def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
+        first_call = self._last_end is None
+        ing = self._engine()
+        if start is not None:
+            s = int(start["offset"])
+        else:  # Spark < 4.2 calls latestOffset() without a start
+            s = self._last_end if self._last_end is not None else ing.log.tail
+        if ing.log.head < s:
+            ing.log.fast_forward(s)  # an empty log for an old checkpoint; data in it would be an error
+        if ing.start_hint < s:
+            ing.start_hint = s  # Spark finished everything below s: it no longer counts against the bound
+        if first_call:
+            self._wait_first(ing)
+            self._last_batch_time = time.monotonic()
+        if ing._available_now:
+            ing.wait_for(lambda: ing.target is not None or ing.log.head > s, _AVAILABLE_NOW_WAIT)
+        end = ing.log.head
+        if ing.target is not None:
+            end = min(end, max(ing.target, s))
+        if not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
+            end = self._apply_limits(ing, s, end)
+        if end > s:
+            self._last_batch_time = time.monotonic()
+        self._last_end = max(end, s)
+        return {"offset": self._last_end}
+
+    def _max_messages(self) -> Optional[int]:
+        cap = self.opts.get("maxMessagesPerTrigger")
+        if self.opts.get("ackMode") == "commit":
+            # acks wait for Spark's late commit; keeping each batch to half the prefetch leaves room
+            # for the next batch's messages, whose planning is what triggers that commit
+            half = max(1, prefetch_of(self.opts) // 2)
+            cap = half if cap is None else min(cap, half)
+        return cap
+
+    def _apply_limits(self, ing, s: int, end: int) -> int:
+        if end <= s:
+            return s
+        cap = self._max_messages()
+        if cap is not None:
+            end = min(end, s + cap)
+        max_bytes = self.opts.get("maxBytesPerTrigger")
+        if max_bytes is not None:
+            end = ing.log.limit_bytes(s, end, max_bytes)
+        minimum = self.opts.get("minMessagesPerTrigger")
+        if minimum is not None and end - s < minimum:
+            waited = time.monotonic() - (self._last_batch_time or 0)
+            if waited < self.opts.maxTriggerDelay:
+                return s
+        return end
+
+    def getDefaultReadLimit(self):
+        if not HAS_READ_LIMITS:
+            return None
+        cap = self._max_messages()
+        if cap is not None:
+            return ReadMaxRows(cap)
+        if self.opts.get("maxBytesPerTrigger") is not None:
+            return ReadMaxBytes(self.opts.maxBytesPerTrigger)
+        if self.opts.get("minMessagesPerTrigger") is not None:
+            return ReadMinRows(self.opts.minMessagesPerTrigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict:
+        ing = self._engine()
+        return {"offset": ing.log.head, **ing.figures()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        ing = self._engine()
+        ing.wait_for(lambda: ing.connected or ing.error is not None, self.opts.connectTimeout + _FIRST_CALL_EXTRA)
+        ing.prepare_available_now()
+
+    # -- planning and reading ----------------------------------------------------------------------
+
+    def partitions(self, start: dict, end: dict):
+        lo, hi = int(start["offset"]), int(end["offset"])
+        ing = self._engine()
+        location = self.opts.logLocation
+        tail, head = ing.log.tail, ing.log.head
+        missing = None
+        have_lo, have_hi = max(lo, tail), min(hi, head)
+        if lo < tail or hi > head:
+            missing = (lo, hi) if have_lo >= have_hi else ((lo, tail) if lo < tail else (head, hi))
+        if have_lo >= have_hi:
+            return [LogPartition(0, lo, hi, (), missing, location, self.opts.failOnDataLoss)]
+        count = have_hi - have_lo
+        n = self.opts.get("numPartitions")
+        if n is None:
+            n = max(1, math.ceil(ing.log.body_bytes(have_lo, have_hi) / self.opts.maxPartitionBytes))
+        n = max(1, min(n, count))
+        bounds = [have_lo + (count * i) // n for i in range(n + 1)]
+        parts = []
+        for i in range(n):
+            a, b = bounds[i], bounds[i + 1]
+            parts.append(LogPartition(i, a, b, tuple(ing.log.slices(a, b)), missing if i == 0 else None,
+                                      location, self.opts.failOnDataLoss))
+        return parts
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        return read_partition(partition, self.target_schema)
+
+    def commit(self, end: dict) -> None:
+        self._engine().commit(int(end["offset"]))
+
+    def stop(self) -> None:
+        if self._ingest is not None:
+            self._ingest.stop()
+            self._ingest = None
+
+
+if SupportsTriggerAvailableNow is not None:
+    class MQStreamReaderAvailableNow(MQStreamReader, SupportsTriggerAvailableNow):
+        """The stream reader with Trigger.AvailableNow support (Spark 4.2+)."""
+    STREAM_READER = MQStreamReaderAvailableNow
+else:  # pragma: no cover - older pyspark
+    STREAM_READER = MQStreamReader
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _exit_on_sigterm() -> None:
+    """Spark ends the driver-side reader process with SIGTERM and never calls ``stop()``: turn the
+    signal into ``SystemExit`` so ``stop()`` runs (last group synced, connection closed politely)."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+            _SIGTERM_INSTALLED = True
+    except (ValueError, OSError):
+        pass
+
+
+class MQBatchReader(DataSourceReader):
+    """``spark.read``: drain up to ``maxMessages`` (until ``quietPeriod`` of silence or ``readTimeout``)
+    while planning, build the Arrow data, then ack; executors only decode it."""
+
+    def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+        self.fmt = fmt
+        self.opts = opts
+        self.target_schema = S.to_arrow_schema(schema)
+        S.check_user_schema(fmt, self.target_schema)
+        self._connector = connector
+
+    def partitions(self):
+        opts = self.opts
+        consumer = self._connector(opts, 0)
+        try:
+            got: list = []
+            rows: list = []
+            deadline = time.monotonic() + opts.readTimeout
+            last = time.monotonic()
+            now_us = int(time.time() * 1_000_000)
+            while len(rows) < opts.maxMessages and time.monotonic() < deadline:
+                msgs = consumer.poll(min(opts.fsyncMessages, opts.maxMessages - len(rows)),
+                                     max(0.001, min(0.2, opts.quietPeriod)))
+                if not msgs:
+                    if time.monotonic() - last >= opts.quietPeriod:
+                        break
+                    continue
+                last = time.monotonic()
+                for msg in msgs:
+                    rows.append(consumer.row(msg, len(rows), now_us))
+                got.extend(msgs)
+            batch = S.build_batch(self.fmt, rows)
+            n = max(1, min(opts.get("numPartitions") or 1, len(rows) or 1))
+            bounds = [(len(rows) * i) // n for i in range(n + 1)]
+            parts = []
+            for i in range(n):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch.slice(bounds[i], bounds[i + 1] - bounds[i]))
+                parts.append(MemoryPartition(i, sink.getvalue().to_pybytes()))
+            if got and opts.get("ackMode", "durable") != "auto":
+                consumer.ack(got)  # the data is built: only now may the broker forget it
+            return parts
+        finally:
+            consumer.close()
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        return read_partition(partition, self.target_schema)
+
+
+class MQDataSource(DataSource):
+    """Base of the per-format DataSources (``FORMAT`` and ``CONNECTOR`` set by subclasses)."""
+
+    FORMAT = ""
+    CONNECTOR_MODULE = ""
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.FORMAT
+
+    def _source_options(self, streaming: bool) -> Options:
+        opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
+        module = importlib.import_module(self.CONNECTOR_MODULE)
+        module.validate(opts)
+        if streaming and not opts.get("logLocation"):
+            raise OptionError(f"the {self.FORMAT} stream source needs option 'logLocation' (a directory or "
+                              f"filesystem URI for its source log, one per query, reachable from executors)")
+        return opts
+
+    def schema(self) -> str:
+        self._source_options(streaming=False)  # unknown or contradictory options fail at load()
+        return S.source_ddl(self.FORMAT)
+
+    def _connector(self):
+        return importlib.import_module(self.CONNECTOR_MODULE).connect_consumer
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return STREAM_READER(self.FORMAT, self._source_options(streaming=True), schema, self._connector())
+
+    def reader(self, schema) -> DataSourceReader:
+        return MQBatchReader(self.FORMAT, self._source_options(streaming=False), schema, self._connector())
+
+    def writer(self, schema, overwrite: bool):
+        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
+        return sinks.create_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema, overwrite: bool):
+        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
+        return sinks.create_stream_writer(self.options, schema, overwrite)

@@ -1,0 +1,391 @@
+"""The shared ingest loop: a thread that moves messages from a broker into the source log.
+
+Responsible for: (re)connecting with exponential backoff and full jitter across the endpoint
+list, consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
+``ackMode`` (durable: after the fsync; commit: when Spark commits, as one cumulative ack in a
+transaction; auto: never, the broker did), dropping redeliveries already in the log, pausing while
+the unprocessed log is over its bounds, the availableNow target, and the backlog figures. Runs in
+the driver-side reader process only, started lazily by the stream reader.
+Not responsible for protocol details (``Consumer`` implementations in the per-format modules) or
+for Spark's API (``spark_mq.sources.base``).
+
+A ``Consumer`` is one live connection with a subscription; it raises ``SparkMqError``/``OSError``
+when the connection fails, and the loop replaces it. Its interface::
+
+    poll(max_count, timeout) -> list        raw messages (waits up to timeout for the first, then
+                                             gathers for up to timeout in total)
+    row(msg, offset, now_us) -> tuple        the message in schema column order
+    identity(msg, row) -> str | None         dedup key to check (None: do not check)
+    ack(msgs)                                durable: acknowledge these (after the fsync)
+    ack_commit(token)                        commit: cumulative ack of ``token`` inside a transaction
+    token(msg)                               what ack_commit needs for ``msg``
+    pause() / resume()                       stop / restart deliveries (only where prefetch cannot bound)
+    depth() -> int | None                    messages ready in the broker (None: cannot tell)
+    buffered() -> int                        messages received by the client, not yet polled
+    close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Callable, Optional
+
+from spark_mq import schema as S
+from spark_mq.errors import SparkMqError
+from spark_mq.options import Options
+from spark_mq.sourcelog import SourceLog
+
+log = logging.getLogger("spark_mq.sources.ingest")
+
+__all__ = ["Ingest", "content_identity", "BrokerUnavailableError"]
+
+_PAUSE_CHECK = 0.05   # seconds between checks while paused
+_DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress figures
+
+
+class BrokerUnavailableError(SparkMqError):
+    """The broker stayed unreachable longer than ``brokerTimeout``."""
+
+
+def content_identity(body: bytes, headers) -> str:
+    """Identity of a message without a stable id: a hash of body and headers."""
+    h = hashlib.blake2b(body, digest_size=16)
+    if headers:
+        h.update(repr(sorted(headers)).encode("utf-8", "surrogatepass"))
+    return "h:" + h.hexdigest()
+
+
+class _Dedup:
+    """Identities of messages in the log, plus the last ``window`` committed ones."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._ids: OrderedDict = OrderedDict()  # identity -> offset, in offset order
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ids
+
+    def add(self, key: str, offset: int) -> None:
+        self._ids[key] = offset
+
+    def trim(self, committed: int) -> None:
+        ids = self._ids
+        excess = len(ids) - self.window
+        while excess > 0:
+            key, offset = next(iter(ids.items()))
+            if offset >= committed:
+                break
+            ids.popitem(last=False)
+            excess -= 1
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class Ingest:
+    """One source's ingest thread and the state it shares with the stream reader."""
+
+    def __init__(self, fmt: str, opts: Options, connect: Callable[[int], object], *,
+                 identity_kind: str = "content") -> None:
+        self.fmt = fmt
+        self.opts = opts
+        self._connect = connect
+        self.ack_mode = opts.get("ackMode") or "auto"
+        self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
+                             segment_bytes=opts.segmentBytes)
+        self.committed = self.log.tail        # everything below is done (Spark committed it)
+        self.start_hint = self.committed       # latestOffset(start): Spark finished everything below
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._consumer = None
+        self._consumer_lock = threading.Lock()
+        self._generation = 0
+        self._pending_acks: deque = deque()   # commit mode: (offset threshold, generation, token)
+        self._dedup = _Dedup(opts.dedupWindow)
+        self.error: Optional[BaseException] = None
+        # figures
+        self.consumed = 0
+        self.redeliveries = 0
+        self.duplicates = 0
+        self.reconnects = 0
+        self.paused = False
+        self.connected = False
+        self.queue_depth: Optional[int] = None
+        self._depth_asked = 0.0
+        self.last_message = time.monotonic()
+        self.first_poll_done = False
+        self._target_consumed: Optional[int] = None
+        self.target: Optional[int] = None
+        self._available_now = False
+        self._load_identities()
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"spark-mq-ingest-{self.fmt}", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._close_consumer()
+        self.log.close()
+
+    def check(self) -> None:
+        """Raise the error that ended the ingest, if any (the query then fails with it)."""
+        if self.error is not None:
+            raise self.error
+
+    def _load_identities(self) -> None:
+        """Identities of every message still in the log (a restart must recognise their redeliveries)."""
+        head, tail = self.log.head, self.log.tail
+        if head == tail:
+            return
+        for batch in self.log.read(tail, head):
+            cols = batch.to_pydict()
+            for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
+                self._dedup.add(self._identity_of(body, mid, headers), offset)
+
+    def _identity_of(self, body, message_id, headers) -> str:
+        return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
+
+    _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = self.opts.reconnectDelay
+        attempt = 0
+        down_since: Optional[float] = None
+        try:
+            while not self._stop.is_set():
+                if self._consumer is None:
+                    try:
+                        consumer = self._connect(attempt)
+                    except (SparkMqError, OSError) as exc:
+                        now = time.monotonic()
+                        down_since = down_since or now
+                        limit = self.opts.brokerTimeout
+                        if limit and now - down_since > limit:
+                            raise BrokerUnavailableError(
+                                f"{self.fmt} source: broker unreachable for {now - down_since:.0f}s "
+                                f"(brokerTimeout {limit:.0f}s): {exc}") from exc
+                        attempt += 1
+                        sleep = random.uniform(0, min(self.opts.reconnectMaxDelay, delay * (2 ** min(attempt, 20))))
+                        log.warning("%s source: connect attempt %d failed (%s); retrying in %.2fs",
+                                    self.fmt, attempt, exc, sleep)
+                        self._stop.wait(sleep)
+                        continue
+                    with self._consumer_lock:
+                        self._consumer = consumer
+                        self._generation += 1
+                        self._pending_acks.clear()
+                    self._stable_ids = getattr(consumer, "stable_ids", True)
+                    if down_since is not None or attempt:
+                        self.reconnects += 1
+                    down_since = None
+                    attempt = 0
+                    self.connected = True
+                    self.last_message = time.monotonic()
+                try:
+                    self._step()
+                except (SparkMqError, OSError) as exc:
+                    if isinstance(exc, (BrokerUnavailableError,)) or self._stop.is_set():
+                        raise
+                    log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
+                    self.connected = False
+                    self._close_consumer()
+                    down_since = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - handed to the query through check()
+            if not self._stop.is_set():
+                log.error("%s source: ingest failed: %s", self.fmt, exc)
+                self.error = exc
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _close_consumer(self) -> None:
+        with self._consumer_lock:
+            consumer, self._consumer = self._consumer, None
+            self._pending_acks.clear()
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+                pass
+
+    def over_bound(self) -> bool:
+        base = max(self.committed, self.start_hint)
+        head = self.log.head
+        if head - base >= self.opts.maxUncommittedMessages:
+            return True
+        return self.log.body_bytes(base, head) >= self.opts.maxUncommittedBytes
+
+    def _step(self) -> None:
+        consumer = self._consumer
+        if self.over_bound():
+            if not self.paused:
+                self.paused = True
+                consumer.pause()
+            self._stop.wait(_PAUSE_CHECK)
+            self._maybe_fix_target(consumer, quiet_ok=False)
+            return
+        if self.paused:
+            self.paused = False
+            consumer.resume()
+        msgs = consumer.poll(self.opts.fsyncMessages, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
+        if not msgs:
+            self.first_poll_done = True
+            self._maybe_fix_target(consumer, quiet_ok=True)
+            return
+        now = time.monotonic()
+        self.last_message = now
+        now_us = int(time.time() * 1_000_000)
+        offset = self.log.head
+        rows = []
+        identities = []
+        kept_tokens = []
+        dedup = self._dedup
+        check_all = self._stable_ids
+        for msg in msgs:
+            self.consumed += 1
+            row = consumer.row(msg, offset, now_us)
+            redelivered = row[5]
+            if redelivered:
+                self.redeliveries += 1
+            key = self._identity_of(row[0], row[2], row[4])
+            if (check_all or redelivered) and key in dedup:
+                self.duplicates += 1
+                kept_tokens.append((None, msg))
+                continue
+            dedup.add(key, offset)
+            identities.append(key)
+            rows.append(row)
+            kept_tokens.append((offset, msg))
+            offset += 1
+        if rows:
+            batch = S.build_batch(self.fmt, rows)
+            new_head = self.log.append(batch)
+            self.log.sync()
+        else:
+            new_head = self.log.head
+        # acknowledgements, after the fsync
+        if self.ack_mode == "durable":
+            consumer.ack(msgs)
+        elif self.ack_mode == "commit":
+            with self._consumer_lock:
+                gen = self._generation
+                for off, msg in kept_tokens:
+                    # a kept message is done when Spark commits past it; a dropped duplicate, when
+                    # Spark commits past everything before it
+                    self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
+        self.first_poll_done = True
+        with self._cond:
+            self._cond.notify_all()
+        self._maybe_fix_target(consumer, quiet_ok=False)
+
+    # -- availableNow -----------------------------------------------------------------------------
+
+    def prepare_available_now(self) -> None:
+        """Fix what "available now" means: AMQP counts the queue depth plus what the client holds;
+        every protocol also ends the drain after a quiet period."""
+        self._available_now = True
+        consumer = self._consumer
+        if consumer is not None:
+            try:
+                depth = consumer.depth()
+            except (SparkMqError, OSError):
+                depth = None
+            if depth is not None:
+                self._target_consumed = self.consumed + consumer.buffered() + depth
+        self.last_message = time.monotonic()
+
+    def _maybe_fix_target(self, consumer, quiet_ok: bool) -> None:
+        if not self._available_now or self.target is not None:
+            return
+        reached = self._target_consumed is not None and self.consumed >= self._target_consumed
+        quiet = quiet_ok and time.monotonic() - self.last_message >= self.opts.quietPeriod
+        if reached or quiet:
+            self.target = self.log.head
+            log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,
+                     "queue depth reached" if reached else "quiet period")
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                self.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def quiet(self) -> bool:
+        return self.connected and self.first_poll_done and \
+            time.monotonic() - self.last_message >= self.opts.quietPeriod
+
+    # -- commit -----------------------------------------------------------------------------------
+
+    def commit(self, end: int) -> None:
+        """Spark finished everything below ``end``: ack (commit mode), delete log segments, trim dedup."""
+        if self.ack_mode == "commit":
+            self._ack_committed(end)
+        if end > self.committed:
+            self.committed = end
+        self.start_hint = max(self.start_hint, end)
+        self.log.commit(end)
+        self._dedup.trim(end)
+
+    def _ack_committed(self, end: int) -> None:
+        with self._consumer_lock:
+            consumer, gen = self._consumer, self._generation
+            token = None
+            pending = self._pending_acks
+            while pending and pending[0][0] <= end:
+                threshold, g, tok = pending.popleft()
+                if g == gen:
+                    token = tok
+            if consumer is None or token is None:
+                return
+            try:
+                consumer.ack_commit(token)
+            except (SparkMqError, OSError) as exc:
+                # the broker redelivers them; the log recognises and drops the duplicates
+                log.warning("%s source: commit ack failed (%s); the messages will be redelivered", self.fmt, exc)
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def figures(self) -> dict:
+        head = self.log.head
+        messages, nbytes = self.log.stats(self.committed)
+        consumer = self._consumer
+        now = time.monotonic()
+        if consumer is not None and now - self._depth_asked >= _DEPTH_EVERY:
+            self._depth_asked = now
+            try:
+                self.queue_depth = consumer.depth()
+            except (SparkMqError, OSError):
+                pass
+        return {
+            "logHead": head,
+            "uncommittedMessages": messages,
+            "uncommittedBytes": nbytes,
+            "brokerQueueDepth": self.queue_depth,
+            "consumed": self.consumed,
+            "redeliveries": self.redeliveries,
+            "duplicatesDropped": self.duplicates,
+            "reconnects": self.reconnects,
+            "paused": self.paused,
+            "connected": self.connected,
+        }
