@@ -31,6 +31,8 @@ Handle API (RabbitMQ and ActiveMQ; the pytest fixtures hand these out, see conft
   h.pids()               process ids of the broker (for checks on its sockets)
 RabbitMQ only:
   h.amqp_port, h.stomp_port, h.vhost ("/"), h.node ("sparkmq-<hex>@localhost")
+  h.amqps_port, h.stomps_port, h.tls_ca_file   TLS listeners (url("amqps"), url("stomp+ssl")) with a self-signed
+                         certificate for 127.0.0.1; clients verify with tls_ca_file as their CA file
   h.ctl(*args, timeout=60) -> stdout of rabbitmqctl -n <node> with the node's environment
   h.sync()               force queue/exchange declarations to disk before a kill() (RabbitMQ 3.10 may otherwise
                          lose a durable queue declared just before a SIGKILL)
@@ -369,9 +371,10 @@ class RabbitMQ(Broker):
         self.node_short = f"sparkmq-{secrets.token_hex(4)}"
         self.node = f"{self.node_short}@localhost"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.node_short}-", dir=base_dir))
-        amqp, stomp, dist, epmd = free_ports(4)
-        self._ports = {"amqp": amqp, "stomp": stomp}
+        amqp, stomp, dist, epmd, amqps, stomps = free_ports(6)
+        self._ports = {"amqp": amqp, "stomp": stomp, "amqps": amqps, "stomp+ssl": stomps}
         self.amqp_port, self.stomp_port, self.dist_port, self.epmd_port = amqp, stomp, dist, epmd
+        self.amqps_port, self.stomps_port = amqps, stomps
         self.log_path = self.workdir / "log" / f"{self.node}.log"
         self._server: _Process | None = None
         self._epmd: _Process | None = None
@@ -408,8 +411,11 @@ class RabbitMQ(Broker):
         cookie.write_text(secrets.token_hex(16).upper())
         cookie.chmod(0o400)
         (w / "rabbitmq-env.conf").write_text("# intentionally empty: the environment comes from brokers.py\n")
+        self.tls_ca_file = make_self_signed_cert(w / "tls")
         _render(CONF_DIR / "rabbitmq" / "rabbitmq.conf.in", w / "rabbitmq.conf",
-                {"AMQP_PORT": str(self.amqp_port), "STOMP_PORT": str(self.stomp_port)})
+                {"AMQP_PORT": str(self.amqp_port), "STOMP_PORT": str(self.stomp_port),
+                 "AMQPS_PORT": str(self.amqps_port), "STOMPS_PORT": str(self.stomps_port),
+                 "TLS_CERT": str(w / "tls" / "cert.pem"), "TLS_KEY": str(w / "tls" / "key.pem")})
         shutil.copyfile(CONF_DIR / "rabbitmq" / "enabled_plugins", w / "enabled_plugins")
 
     def _launch(self) -> None:
@@ -424,7 +430,8 @@ class RabbitMQ(Broker):
                 time.sleep(_POLL)
         self._server = _Process([str(self.bin_dir / "rabbitmq-server")], self.env, self.workdir,
                                 self.workdir / "server.out", cleanup_dir=self.workdir)
-        while not (port_accepts(self.amqp_port, timeout=0.5) and port_accepts(self.stomp_port, timeout=0.5)):
+        while not all(port_accepts(p, timeout=0.5) for p in (self.amqp_port, self.stomp_port, self.amqps_port,
+                                                              self.stomps_port)):
             if not self._server.alive():
                 raise self._fail(f"rabbitmq-server exited with {self._server.popen.returncode} during start-up"
                                  f"\n--- {self._server.log_path} ---\n{_tail(self._server.log_path)}")
@@ -743,6 +750,27 @@ How to get an ActiveMQ for the integration tests (any one):
   * an unpacked ActiveMQ Classic 5.x: {ENV_ACTIVEMQ_HOME}=<dir with bin/activemq.jar>;
   * a running broker: {ENV_ACTIVEMQ_STOMP_URL}=stomp://127.0.0.1:61613; fault tests still need a private broker;
   * a Docker engine: the harness then runs {DEFAULT_ACTIVEMQ_IMAGE} through testcontainers."""
+
+
+def make_self_signed_cert(directory: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem) valid for a day; returns cert.pem,
+    which clients use as their CA file. Needs the openssl command (Debian's openssl package)."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        apt_install("openssl")
+        openssl = shutil.which("openssl")
+    if openssl is None:
+        raise BrokerUnavailable("the TLS listeners need a certificate and the openssl command is missing: "
+                                "apt-get install openssl")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   stdin=subprocess.DEVNULL, timeout=60)
+    for f in (cert, key):
+        f.chmod(0o644)  # the broker may run as another user
+    return cert
 
 
 def start_rabbitmq(base_dir: Path | None = None) -> Broker:

@@ -9,7 +9,6 @@ with pika (0-9-1) on the same broker in both directions.
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 import threading
 import time
 from decimal import Decimal
@@ -372,85 +371,41 @@ def test_concurrent_channels_from_threads(conn, unique_name):
     assert conn.channel().queue_declare(q, passive=True).message_count == 2000
 
 
-# -- TLS -------------------------------------------------------------------------------------
+# -- TLS (the node's own TLS listener, self-signed certificate made by the harness) -------------
 
 
-@pytest.fixture(scope="module")
-def tls_proxy(rabbitmq, tmp_path_factory):
-    """A TLS endpoint (Python ssl, self-signed certificate for 127.0.0.1) in front of the node's AMQP
-    port: the client's TLS path runs for real; the broker behind it speaks plain 0-8."""
-    import socket
-    import ssl
-
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    stop = threading.Event()
-
-    def pump(a, b):
-        try:
-            while True:
-                data = a.recv(65536)
-                if not data:
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def accept():
-        server.settimeout(0.5)
-        while not stop.is_set():
-            try:
-                raw, _ = server.accept()
-            except OSError:
-                continue
-            try:
-                tls = ctx.wrap_socket(raw, server_side=True)
-            except (OSError, ssl.SSLError):
-                raw.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", rabbitmq.amqp_port))
-            threading.Thread(target=pump, args=(tls, upstream), daemon=True).start()
-            threading.Thread(target=pump, args=(upstream, tls), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield server.getsockname()[1], cert
-    stop.set()
-    server.close()
-
-
-def test_tls_connection(tls_proxy, unique_name):
+def test_tls_connection(rabbitmq, unique_name):
     from spark_mq.transport.stream import TlsOptions
 
-    port, cert = tls_proxy
-    with Connection("127.0.0.1", port, tls=TlsOptions(ca_file=str(cert))) as c:
+    url = rabbitmq.url("amqps")
+    assert url.startswith("amqps://")
+    with Connection.from_url(url, tls=TlsOptions(ca_file=str(rabbitmq.tls_ca_file))) as c:
         ch = c.channel()
         q = unique_name("tls")
         ch.queue_declare(q, auto_delete=True)
-        body = bytes(range(256)) * 1000
-        ch.basic_publish("", q, body)
-        assert ch.basic_get(q).body == body
+        body = bytes(range(256)) * 4000  # 1 MB: many TLS records, reader and writer busy at once
+        ch.tx_select()
+        ch.publish_many(("", q, body, None) for _ in range(5))
+        ch.tx_commit()
+        ch.basic_consume(q, no_ack=True)
+        for _ in range(5):
+            assert ch.next_message(30).body == body
 
 
-def test_tls_rejects_unknown_certificate(tls_proxy):
+def test_tls_heartbeats_while_idle(rabbitmq):
     from spark_mq.transport.stream import TlsOptions
 
-    port, _cert = tls_proxy
+    with Connection.from_url(rabbitmq.url("amqps"), tls=TlsOptions(ca_file=str(rabbitmq.tls_ca_file)),
+                             heartbeat=1) as c:
+        time.sleep(3.5)
+        assert c.is_open and c.channel().queue_declare("", exclusive=True).queue
+
+
+def test_tls_rejects_unknown_certificate(rabbitmq):
+    from spark_mq.transport.stream import TlsOptions
+
     with pytest.raises(ConnectionClosedError, match="TLS handshake"):
-        Connection("127.0.0.1", port, tls=TlsOptions(), connect_timeout=5)
+        Connection.from_url(rabbitmq.url("amqps"), tls=TlsOptions(), connect_timeout=5)
 
 
 # -- cross-checks with pika (AMQP 0-9-1 on the same node) ----------------------------------------
