@@ -1,0 +1,53 @@
+"""Repository-wide rules: layering, CI entry point, README figures."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN_IN_PROTOCOL = {"socket", "ssl", "threading", "time", "zmq", "select", "asyncio", "selectors"}
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in (ROOT / "spark_mq" / "protocol").iterdir()
+                                           if p.is_dir() and not p.name.startswith("_")))
+def test_protocol_cores_are_sans_io(package):
+    """Layer 1 imports no sockets, threads, clocks or zmq, and nothing from the layers above it."""
+    for path in (ROOT / "spark_mq" / "protocol" / package).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in FORBIDDEN_IN_PROTOCOL, f"{path.relative_to(ROOT)} imports {name}"
+                assert not name.startswith(("spark_mq.transport", "spark_mq.clients", "spark_mq.sources",
+                                            "spark_mq.sinks")), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_transport_does_not_import_clients_or_spark():
+    for path in (ROOT / "spark_mq" / "transport").rglob("*.py"):
+        text = path.read_text()
+        for upper in ("spark_mq.clients", "spark_mq.sources", "spark_mq.sinks", "pyspark"):
+            assert upper not in text, f"{path.relative_to(ROOT)} mentions {upper}"
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")
+                and not line.startswith(("set ", "cd "))]
+    assert commands == ["exec ./dev test"]
+    readme = (ROOT / "README.md").read_text()
+    assert "./dev test" in readme.split("##")[0]  # the opening of the README names it
+    assert "./dev demo" in readme.split("##")[0]
+
+
+def test_readme_performance_table_matches_latest_results():
+    result = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
