@@ -10,5 +10,14 @@ The package is layered (imports point down only):
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["SparkMqError"]
+__all__ = ["SparkMqError", "register"]
 __version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str):
+    # ``spark_mq.register(spark)`` without importing pyspark when ``import spark_mq`` runs: the
+    # module spark_mq.register is callable (see there) and is loaded on first use.
+    if name == "register":
+        import importlib
+        return importlib.import_module("spark_mq.register")
+    raise AttributeError(f"module 'spark_mq' has no attribute {name!r}")
