@@ -218,8 +218,8 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     body.w()
     body.w()
     body.w("class ReplyCode(IntEnum):")
-    for name, value, _cls in constants:
-        if not name.startswith("frame "):
+    for name, value, cls in constants:
+        if cls in ("soft error", "hard error") or name.startswith("reply "):
             body.w(f"    {ident(name).upper()} = {value}")
     body.w()
     body.w()

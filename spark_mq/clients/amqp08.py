@@ -28,7 +28,7 @@ from collections import deque
 from typing import Callable, Iterable, Iterator, Optional
 from urllib.parse import unquote, urlsplit
 
-from spark_mq.errors import ConnectionClosedError, LocalProtocolError, SparkMqError
+from spark_mq.errors import ConnectionClosedError, LocalProtocolError, RemoteProtocolError, SparkMqError
 from spark_mq.protocol.amqp08 import spec
 from spark_mq.protocol.amqp08.codec import Method
 from spark_mq.protocol.amqp08.connection import (
@@ -219,7 +219,16 @@ class Connection:
 
     def _on_data(self, data: bytes) -> None:
         with self._lock:
-            events = self._proto.receive_data(data, _monotonic())
+            try:
+                events = self._proto.receive_data(data, _monotonic())
+            except RemoteProtocolError as exc:
+                # tell the broker why before the driver drops the socket (best effort)
+                try:
+                    self._proto.protocol_error(exc)
+                    self._flush()
+                except (ConnectionClosedError, LocalProtocolError):
+                    pass
+                raise
             self._flush()
             if events:
                 self._dispatch(events)

@@ -454,3 +454,48 @@ def test_spark_mq_publishes_pika_reads(rabbitmq, conn, queue):
             pprops.correlation_id, pprops.reply_to, pprops.expiration, pprops.message_id, pprops.timestamp,
             pprops.type, pprops.user_id, pprops.app_id) == (
         "application/json", "utf-8", 2, 1, "c2", "r2", "5000", "ours-1", 1_700_000_456, "t2", "guest", "ours")
+
+
+def test_amqplain_login(rabbitmq):
+    with Connection.from_url(rabbitmq.url("amqp"), mechanism="AMQPLAIN") as c:
+        assert c.is_open and c.channel().queue_declare("", exclusive=True).queue
+
+
+def test_broker_initiated_close_is_reported(rabbitmq):
+    c = Connection.from_url(rabbitmq.url("amqp"), client_properties={"connection_name": "close-me"})
+    ch = c.channel()
+    rabbitmq.ctl("close_all_connections", "closed by the test")
+    start = time.monotonic()
+    with pytest.raises(spec.ConnectionForcedError, match="320 CONNECTION_FORCED") as info:
+        while time.monotonic() - start < 20:
+            ch.queue_declare("", exclusive=True)
+            time.sleep(0.1)
+    assert "closed by the test" in info.value.reply_text
+    assert not c.is_open
+
+
+def test_silent_broker_is_detected_by_heartbeat(rabbitmq_isolated):
+    """A broker that stops answering (SIGSTOP: sockets stay open, nothing flows) is declared dead
+    after two heartbeat intervals, and every waiter is woken with the error."""
+    import os
+    import signal
+
+    from spark_mq.protocol.amqp08.connection import HeartbeatTimeout
+
+    broker = rabbitmq_isolated()
+    c = Connection.from_url(broker.url("amqp"), heartbeat=1)
+    ch = c.channel()
+    ch.queue_declare("", exclusive=True)
+    pids = broker.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(HeartbeatTimeout, match="no frame from the broker"):
+            ch.next_message(timeout=15)
+            raise AssertionError("next_message returned instead of raising")
+        assert time.monotonic() - start < 6
+        assert not c.is_open
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)

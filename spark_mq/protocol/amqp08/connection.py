@@ -720,6 +720,18 @@ class Connection:
         self.state = ConnState.CLOSING
         self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=reply_text))
 
+    def protocol_error(self, exc: RemoteProtocolError) -> None:
+        """Queue connection.close telling the broker which rule it broke (501 FRAME_ERROR for
+        framing faults, 503 COMMAND_INVALID otherwise); the connection is then finished."""
+        if self.state is ConnState.CLOSED:
+            return
+        text = str(exc)
+        code = spec.ReplyCode.FRAME_ERROR if "frame" in text else spec.ReplyCode.COMMAND_INVALID
+        raw = text.encode("utf-8", "replace")[:255]
+        self._send_method(0, spec.ConnectionClose(reply_code=code, reply_text=raw.decode("utf-8", "ignore")))
+        self.state = ConnState.CLOSED
+        self.close_error = exc
+
     def channel_state(self, channel: int) -> ChanState:
         ch = self._channels.get(channel)
         return ch.state if ch else ChanState.CLOSED

@@ -339,3 +339,14 @@ def test_fast_path_still_checks_frame_end_and_sizes():
     open_channel(conn, 1)
     with pytest.raises(RemoteProtocolError, match="frame-end"):
         conn.receive_data(bytes(bad))
+
+
+def test_protocol_error_queues_a_close_naming_the_fault():
+    conn, _ = open_connection()
+    with pytest.raises(RemoteProtocolError) as info:
+        conn.receive_data(bytes.fromhex("09 0000 00000000 ce"))
+    conn.protocol_error(info.value)
+    (_, _, close), = sent_methods(conn)
+    assert isinstance(close, spec.ConnectionClose) and close.reply_code == 501
+    assert "frame type 9" in close.reply_text
+    assert conn.state is ConnState.CLOSED
