@@ -19,7 +19,7 @@ import argparse
 import statistics
 import uuid
 
-from bench.common import measured, write_results
+from bench.common import harness, measured, write_results
 
 SIZES = (100, 4096)
 
@@ -182,9 +182,7 @@ def _broker_url() -> tuple[str, object]:
     url = os.environ.get("SPARK_MQ_RABBITMQ_AMQP_URL")
     if url:
         return url, None
-    from tests.integration.brokers import start_rabbitmq
-
-    node = start_rabbitmq()
+    node = harness().start_rabbitmq()
     return node.url("amqp"), node
 
 

@@ -9,7 +9,7 @@ threads, during the timed phase).  Every phase checks that all N messages arrive
     python -m bench stomp [--n=20000] [--size=100] [--brokers=rabbitmq,activemq]
 
 Brokers: SPARK_MQ_STOMP_<NAME>_PORT when set, else private brokers started for the run
-(tests/integration/brokers.py when it is there, else tests/integration/test_stomp_support.py).
+(tests/integration/brokers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 
-from bench.common import measured, write_results
+from bench.common import harness, measured, write_results
 
 DEFAULTS = {"n": 20000, "size": 100, "brokers": "rabbitmq,activemq"}
 TIMEOUT = 120.0
@@ -41,16 +41,9 @@ def _start(name):
     port = os.environ.get(f"SPARK_MQ_STOMP_{name.upper()}_PORT")
     if port:
         return int(port), None
-    try:
-        from tests.integration import brokers as harness
-
-        handle = {"rabbitmq": harness.start_rabbitmq, "activemq": harness.start_activemq}[name]()
-        return handle.stomp_port, handle
-    except ImportError:
-        from tests.integration.test_stomp_support import start_broker
-
-        handle = start_broker(name)
-        return handle.stomp_port, handle
+    brokers = harness()
+    handle = {"rabbitmq": brokers.start_rabbitmq, "activemq": brokers.start_activemq}[name]()
+    return handle.stomp_port, handle
 
 
 # -- spark-mq ---------------------------------------------------------------------------------

@@ -40,3 +40,16 @@ def write_results(name: str, figures: dict) -> Path:
     figures = dict(figures, when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpus=os.cpu_count())
     path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def harness():
+    """The integration-test broker harness (tests/integration/brokers.py), for benchmarks that
+    start their own private brokers."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent.parent / "tests" / "integration")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("brokers")

@@ -18,7 +18,6 @@ import pytest
 from spark_mq.clients.stomp import StompClient
 from spark_mq.errors import ConnectionClosedError
 from spark_mq.protocol.stomp10 import ACTIVEMQ, RABBITMQ, BrokerProfile, StompError
-from tests.integration.test_stomp_support import BROKERS, start_broker, stomp_port_of
 
 pytestmark = pytest.mark.integration
 
@@ -49,23 +48,10 @@ class Broker:
         return f"/queue/spark-mq-{what}-{uuid.uuid4().hex[:10]}"
 
 
-_local: dict = {}
-
-
-@pytest.fixture(scope="session", params=BROKERS)
-def broker(request):
-    """The shared harness's broker when it is there, else a private one (test_stomp_support)."""
-    name = request.param
-    try:
-        handle = request.getfixturevalue(name)
-    except pytest.FixtureLookupError:
-        handle = None
-    if handle is not None:
-        return Broker(name, stomp_port_of(handle))
-    if name not in _local:
-        _local[name] = start_broker(name)
-        request.session.config.add_cleanup(_local[name].stop)
-    return Broker(name, _local[name].stomp_port)
+@pytest.fixture(scope="session")
+def broker(stomp_broker):
+    """Each STOMP broker of the harness in turn (RabbitMQ's STOMP plugin, ActiveMQ)."""
+    return Broker(stomp_broker.kind, stomp_broker.stomp_port)
 
 
 def drain(client: StompClient, count: int, timeout: float = RECV) -> list:
