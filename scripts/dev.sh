@@ -132,6 +132,10 @@ case "$verb" in
   bench)
     setup_java; setup_python; setup_brokers
     exec "$VENV/bin/python" -m bench "$@" </dev/null ;;
+  dist)
+    # dist/: the wheel (pip install) and spark_mq-<version>-py-files.zip (spark-submit --py-files)
+    setup_python
+    exec "$VENV/bin/python" scripts/build_dist.py "$@" </dev/null ;;
   shell)
     setup_python; exec bash --rcfile <(echo "source '$VENV/bin/activate'") ;;
   *)
