@@ -480,3 +480,20 @@ def test_stomppy_reads_what_we_send(broker):
             # pass that on verbatim (spark-mq undoes it: see test_we_read_what_stomppy_sends).
             seen = {k: v.replace("\\c", ":") for k, v in seen.items()}
         assert seen == CROSS_HEADERS
+
+
+def test_tls_against_rabbitmq_stomp_listener(rabbitmq):
+    """STOMP over TLS to RabbitMQ's own TLS listener (self-signed certificate from the harness):
+    binary bodies both ways while the reader thread and the sender share the TLS connection."""
+    from spark_mq.transport.stream import TlsOptions
+
+    tls = TlsOptions(ca_file=str(rabbitmq.tls_ca_file))
+    dest = f"/queue/spark-mq-tls-{uuid.uuid4().hex[:10]}"
+    body = bytes(range(256)) * 2000
+    with StompClient("127.0.0.1", rabbitmq.stomps_port, login="guest", passcode="guest", tls=tls,
+                     timeout=20) as c:
+        c.subscribe(dest, ack="auto")
+        for _ in range(20):
+            c.send(dest, body)
+        got = drain(c, 20)
+    assert [m.body for m in got] == [body] * 20
