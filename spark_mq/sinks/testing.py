@@ -25,7 +25,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter
 
 from spark_mq.sinks.writer import HAS_STREAM_ARROW_WRITER, StreamArrowWriter
 
-__all__ = ["SinkOnlyAmqp08", "SinkOnlyStomp", "SinkOnlyMalamute", "FaultySink", "InjectedFault", "register_all"]
+__all__ = ["SinkOnlyAmqp08", "SinkOnlyStomp", "SinkOnlyMalamute", "SinkOnlyAmqp08Rows", "FaultySink", "InjectedFault",
+           "register_all", "local_spark", "run_available_now"]
 
 
 class InjectedFault(RuntimeError):
@@ -60,6 +61,21 @@ class SinkOnlyStomp(_SinkOnly):
 
 class SinkOnlyMalamute(_SinkOnly):
     FORMAT = "malamute"
+
+
+class SinkOnlyAmqp08Rows(_SinkOnly):
+    """The Row stream writer (what pyspark < 4.1 gets) on a pyspark that has the Arrow one."""
+
+    FORMAT = "amqp08"
+
+    @classmethod
+    def name(cls) -> str:
+        return "sinktest_amqp08_rows"
+
+    def streamWriter(self, schema, overwrite):  # noqa: N802 - Spark's name
+        from spark_mq.sinks.writer import StreamRowWriter
+
+        return StreamRowWriter(_sinks(self.FORMAT).create_stream_writer(self.options, schema, overwrite).plan)
 
 
 def _fail_after(batches: Iterator[pa.RecordBatch], rows: int, marker: str) -> Iterator[pa.RecordBatch]:
@@ -111,5 +127,45 @@ class FaultySink(DataSource):
 
 
 def register_all(spark) -> None:
-    for cls in (SinkOnlyAmqp08, SinkOnlyStomp, SinkOnlyMalamute, FaultySink):
+    for cls in (SinkOnlyAmqp08, SinkOnlyStomp, SinkOnlyMalamute, SinkOnlyAmqp08Rows, FaultySink):
         spark.dataSource.register(cls)
+
+
+# -- SparkSession and input helpers for the sink tests and benchmark ------------------------------
+
+def local_spark(app: str, cores: int = 2):
+    """A small local SparkSession whose Python workers run this interpreter (so they import spark_mq).
+
+    One partition per input file (``openCostInBytes`` 1 GiB): a file source then gives the same
+    partitions in the same order on replay, which the deterministic message ids rely on."""
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", str(cores))
+             .config("spark.sql.files.openCostInBytes", str(1 << 30))
+             .config("spark.sql.streaming.stopTimeout", "30s")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register_all(spark)
+    return spark
+
+
+def run_available_now(writer, timeout: float):
+    """Start ``df.writeStream...`` with trigger(availableNow=True); wait up to ``timeout`` seconds.
+
+    Returns the query once it has ended; raises the query's exception if it failed and TimeoutError
+    (after stopping it) if it is still running."""
+    query = writer.trigger(availableNow=True).start()
+    try:
+        finished = query.awaitTermination(timeout)
+    except BaseException:
+        raise
+    if not finished:
+        query.stop()
+        raise TimeoutError(f"streaming query did not finish within {timeout}s")
+    return query
