@@ -173,6 +173,72 @@ def pika_consume(url: str, queue: str, n: int):
     return m
 
 
+# -- instruction counts (deterministic, unaffected by other load on the machine) -------------
+
+_ICOUNT_CHILD = r"""
+import sys
+url, who, n, q = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if who == "ours":
+    from spark_mq.clients.amqp08 import Connection
+    with Connection.from_url(url, heartbeat=0) as c:
+        ch = c.channel(); ch.basic_qos(prefetch_count=1000); ch.basic_consume(q)
+        for i in range(1, n + 1):
+            m = ch.next_message(120)
+            if i % 100 == 0:
+                ch.basic_ack(m.delivery_tag, multiple=True)
+else:
+    import pika
+    c = pika.BlockingConnection(pika.URLParameters(url))
+    ch = c.channel(); ch.basic_qos(prefetch_count=1000)
+    i = 0
+    for method, props, body in ch.consume(q):
+        i += 1
+        if i % 100 == 0:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+        if i == n:
+            break
+    c.close()
+"""
+
+
+def instructions_per_message(url: str, size: int, n: int = 10_000) -> dict | None:
+    """Instructions per consumed message for each client, counted by valgrind's callgrind: the
+    difference between consuming ``1000 + n`` and ``1000`` preloaded messages, divided by ``n``,
+    so start-up and connection set-up cancel out. Counts user-space instructions only."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from spark_mq.clients.amqp08 import Connection
+
+    if shutil.which("valgrind") is None:
+        print("valgrind not found: skipping instruction counts (apt-get install valgrind)")
+        return None
+
+    def count(who: str, total: int) -> int:
+        queue = f"bench-ic-{uuid.uuid4().hex[:8]}"
+        with Connection.from_url(url) as c:
+            ch = c.channel()
+            ch.queue_declare(queue, auto_delete=False)
+            ch.tx_select()
+            ch.publish_many(("", queue, bytes(size), None) for _ in range(total))
+            ch.tx_commit()
+        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                              "-c", _ICOUNT_CHILD, url, who, str(total), queue],
+                             capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        with Connection.from_url(url) as c:
+            c.channel().queue_delete(queue)
+        match = re.search(r"Collected : (\d+)", out.stderr)
+        if out.returncode != 0 or match is None:
+            raise RuntimeError(f"callgrind run of {who} failed: {out.stderr[-2000:]}")
+        return int(match.group(1))
+
+    per = {who: (count(who, 1000 + n) - count(who, 1000)) / n for who in ("ours", "pika")}
+    per["ratio"] = per["ours"] / per["pika"]
+    return per
+
+
 # -- driver ----------------------------------------------------------------------------------
 
 
@@ -190,17 +256,18 @@ def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="bench_amqp08")
     ap.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-icount", action="store_true", help="skip the callgrind instruction counts")
     args = ap.parse_args(argv)
     counts = _counts(args.quick)
     url, node = _broker_url()
     try:
-        return _run(url, counts, args.rounds)
+        return _run(url, counts, args.rounds, icount=not args.no_icount)
     finally:
         if node is not None:
             node.stop()
 
 
-def _run(url: str, counts: dict, rounds: int) -> dict:
+def _run(url: str, counts: dict, rounds: int, icount: bool = True) -> dict:
     import pika
 
     setup = pika.BlockingConnection(_pika_params(url))
@@ -244,7 +311,14 @@ def _run(url: str, counts: dict, rounds: int) -> dict:
         results[f"{size}B"] = row
     setup.close()
     _print(results)
-    write_results("amqp08", {"rounds": rounds, "sizes": results})
+    figures = {"rounds": rounds, "sizes": results}
+    if icount:
+        ic = instructions_per_message(url, 100)
+        if ic is not None:
+            figures["consume_instructions_per_msg_100B"] = ic
+            print(f"consume 100B, instructions per message (callgrind): spark-mq {ic['ours']:,.0f}, "
+                  f"pika {ic['pika']:,.0f}, ratio x{ic['ratio']:.3f}")
+    write_results("amqp08", figures)
     return results
 
 

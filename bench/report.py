@@ -36,6 +36,11 @@ def _amqp08(rows: list) -> None:
                      f"{row['ours_con']['msgs_per_s']:,.0f} msg/s",
                      f"x{row['consume_rate_ratio']:.2f} rate, x{row['consume_cpu_ratio']:.2f} CPU/msg",
                      "rate >= 1, CPU <= 0.33", r["when"]))
+        if "callback_rate_ratio" in row and size == "100B" and "consume_instructions_per_msg_100B" in r:
+            ic = r["consume_instructions_per_msg_100B"]
+            rows.append(("AMQP 0-8 client vs pika", "consume 100B, instructions/msg (callgrind)",
+                         f"{ic['ours']:,.0f}", f"x{ic['ratio']:.3f} instructions/msg",
+                         "CPU <= 0.33", r["when"]))
         if "callback_rate_ratio" in row:
             rows.append(("AMQP 0-8 client vs pika", f"consume {size} (callback)",
                          f"{row['ours_cb']['msgs_per_s']:,.0f} msg/s",

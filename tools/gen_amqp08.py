@@ -283,7 +283,11 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
                 body.w("        return cls(), o")
             else:
                 emit_decode_fields(body, fields, "        ")
-                body.w(f"        return cls({', '.join(f.attr for f in fields)}), o")
+                # no __init__ frame: decoding is the hot path of a consumer
+                body.w("        self = _new(cls)")
+                for f in fields:
+                    body.w(f"        self.{f.attr} = {f.attr}")
+                body.w("        return self, o")
 
     # responses, once every class exists
     body.w()
@@ -441,6 +445,7 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     e.w(")")
     e.w("from spark_mq.protocol.amqp08.errors import AMQPChannelError, AMQPConnectionError")
     e.w()
+    e.w("_new = object.__new__")
     e.structs.setdefault("H", "_S_H")
     for fmt in sorted(e.structs):
         e.w(f'_S_{fmt} = Struct(">{fmt}")')

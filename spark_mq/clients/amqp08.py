@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator, Optional
 from urllib.parse import unquote, urlsplit
 
@@ -51,45 +52,49 @@ __all__ = ["Connection", "Channel", "Message", "BasicProperties", "TimeoutError"
 
 DEFAULT_TIMEOUT = 30.0
 _monotonic = time.monotonic
+_BasicDeliver = spec.BasicDeliver
 
 
 class TimeoutError(SparkMqError, TimeoutError):  # noqa: A001 - also a builtin TimeoutError
     """A reply did not arrive in time."""
 
 
-class Message:
+class Message(tuple):
     """A delivered, fetched or returned message: ``body``, ``properties`` and the method's fields
     (``delivery_tag``, ``redelivered``, ``exchange``, ``routing_key``, ``consumer_tag``; for get-ok
-    ``message_count``; for returns ``reply_code`` and ``reply_text``).
+    ``message_count``; for returns ``reply_code`` and ``reply_text``), and ``channel``.
 
-    Fields are read from the decoded method on access: one of these is made per message, so it
-    copies nothing.
+    A tuple of (decoded event, channel) underneath, reading fields on access: one is made per
+    message, so it copies nothing and runs no ``__init__``.
     """
 
-    __slots__ = ("_event", "channel")
+    __slots__ = ()
 
-    def __init__(self, event: ContentReceived, channel: "Channel") -> None:
-        self._event = event
-        self.channel = channel
+    def __new__(cls, event: ContentReceived, channel: "Channel"):
+        return tuple.__new__(cls, (event, channel))
 
-    body = property(lambda self: self._event[3], doc="the message body (bytes)")
-    properties = property(lambda self: self._event[2], doc="BasicProperties")
-    method = property(lambda self: self._event[1], doc="the deliver/get-ok/return method")
-    delivery_tag = property(lambda self: getattr(self._event[1], "delivery_tag", None))
-    redelivered = property(lambda self: getattr(self._event[1], "redelivered", False))
-    exchange = property(lambda self: self._event[1].exchange)
-    routing_key = property(lambda self: self._event[1].routing_key)
-    consumer_tag = property(lambda self: getattr(self._event[1], "consumer_tag", None))
-    message_count = property(lambda self: getattr(self._event[1], "message_count", None))
-    reply_code = property(lambda self: getattr(self._event[1], "reply_code", None))
-    reply_text = property(lambda self: getattr(self._event[1], "reply_text", None))
+    channel = property(itemgetter(1), doc="the Channel it arrived on")
+    body = property(lambda self: self[0][3], doc="the message body (bytes)")
+    properties = property(lambda self: self[0][2], doc="BasicProperties")
+    method = property(lambda self: self[0][1], doc="the deliver/get-ok/return method")
+    delivery_tag = property(lambda self: getattr(self[0][1], "delivery_tag", None))
+    redelivered = property(lambda self: getattr(self[0][1], "redelivered", False))
+    exchange = property(lambda self: self[0][1].exchange)
+    routing_key = property(lambda self: self[0][1].routing_key)
+    consumer_tag = property(lambda self: getattr(self[0][1], "consumer_tag", None))
+    message_count = property(lambda self: getattr(self[0][1], "message_count", None))
+    reply_code = property(lambda self: getattr(self[0][1], "reply_code", None))
+    reply_text = property(lambda self: getattr(self[0][1], "reply_text", None))
 
     def ack(self, multiple: bool = False) -> None:
-        self.channel.basic_ack(self.delivery_tag, multiple)
+        self[1].basic_ack(self[0][1].delivery_tag, multiple)
 
     def __repr__(self) -> str:
         return (f"<Message tag={self.delivery_tag} exchange={self.exchange!r} routing_key={self.routing_key!r} "
                 f"{len(self.body)} bytes {self.properties!r}>")
+
+
+_new_message = tuple.__new__
 
 
 def parse_url(url: str) -> dict:
@@ -239,9 +244,12 @@ class Connection:
         for ev in events:
             kind = type(ev)
             if kind is ContentReceived:
-                ch = channels.get(ev.channel)
+                ch = channels.get(ev[0])
                 if ch is not None:
-                    ch._on_content(ev)
+                    if type(ev[1]) is _BasicDeliver and not ch._callbacks:  # the common case, inline
+                        ch._deliveries.append(_new_message(Message, (ev, ch)))
+                    else:
+                        ch._on_content(ev)
             elif kind is MethodReceived:
                 ch = channels.get(ev.channel)
                 if ch is not None:

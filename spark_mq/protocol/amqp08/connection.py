@@ -50,7 +50,7 @@ _unpack_frame_header = Struct(">BHI").unpack_from
 _unpack_class = Struct(">H").unpack_from
 _unpack_index = Struct(">I").unpack_from
 _unpack_body_size = Struct(">Q").unpack_from
-_unpack_content_header = Struct(">HHQ").unpack_from
+_unpack_header_frame = Struct(">BHIHHQ").unpack_from  # frame header + class, weight, body size
 _decode_basic_properties = spec.BasicProperties.decode
 _decode_deliver = spec.BasicDeliver.decode
 #: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
@@ -74,6 +74,9 @@ class ChanState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+_OPEN = ChanState.OPEN
 
 
 # -- events -------------------------------------------------------------------------------------
@@ -364,7 +367,7 @@ class Connection:
                         self._on_body(channel, bytes(view[start:end]), events)
                 elif ftype == _METHOD:
                     if (ch is not None and _unpack_index(buf, start)[0] == _DELIVER_INDEX and ch.content_method is None
-                            and ch.state is ChanState.OPEN):
+                            and ch.state is _OPEN):
                         method, stop = _decode_deliver(buf, start + 4)
                         if stop != end:
                             raise RemoteProtocolError(
@@ -374,34 +377,30 @@ class Connection:
                         # Whole message in the buffer (header frame, then one body frame on this
                         # channel)? Then decode it here in one step; otherwise frame by frame.
                         h = o
-                        if n - h >= 21:
-                            htype, hchannel, hsize = _unpack_frame_header(buf, h)
-                            hstart = h + 7
-                            hend = hstart + hsize
-                            if (htype == _HEADER and hchannel == channel and hend < n and hsize >= 14
+                        if n - h >= 22:
+                            htype, hchannel, hsize, class_id, _weight, body_size = _unpack_header_frame(buf, h)
+                            hend = h + 7 + hsize
+                            if (htype == _HEADER and hchannel == channel and class_id == 60 and hend < n
                                     and hsize + 8 <= limit and buf[hend] == _FRAME_END):
-                                class_id, _weight, body_size = _unpack_content_header(buf, hstart)
-                                if class_id == 60:
-                                    props, stop = _decode_basic_properties(buf, hstart + 12)
-                                    if stop != hend:
-                                        raise RemoteProtocolError(
-                                            f"content header on channel {channel}: properties take "
-                                            f"{stop - hstart} bytes, frame has {hsize}")
-                                    if body_size == 0:
-                                        events.append(_new_content(ContentReceived, (channel, method, props, b"")))
-                                        o = hend + 1
+                                props, stop = _decode_basic_properties(buf, h + 19)
+                                if stop != hend:
+                                    raise RemoteProtocolError(
+                                        f"content header on channel {channel}: properties take "
+                                        f"{stop - h - 7} bytes, frame has {hsize}")
+                                if body_size == 0:
+                                    events.append(_new_content(ContentReceived, (channel, method, props, b"")))
+                                    o = hend + 1
+                                    continue
+                                b = hend + 1
+                                if n - b >= 8:
+                                    btype, bchannel, bsize = _unpack_frame_header(buf, b)
+                                    bend = b + 7 + bsize
+                                    if (btype == _BODY and bchannel == channel and bsize == body_size
+                                            and bend < n and bsize + 8 <= limit and buf[bend] == _FRAME_END):
+                                        events.append(_new_content(ContentReceived, (
+                                            channel, method, props, bytes(view[b + 7:bend]))))
+                                        o = bend + 1
                                         continue
-                                    b = hend + 1
-                                    if n - b >= 8:
-                                        btype, bchannel, bsize = _unpack_frame_header(buf, b)
-                                        bstart = b + 7
-                                        bend = bstart + bsize
-                                        if (btype == _BODY and bchannel == channel and bsize == body_size
-                                                and bend < n and bsize + 8 <= limit and buf[bend] == _FRAME_END):
-                                            events.append(_new_content(ContentReceived, (
-                                                channel, method, props, bytes(view[bstart:bend]))))
-                                            o = bend + 1
-                                            continue
                         ch.content_method = method
                     else:
                         self._on_method_frame(channel, bytes(view[start:end]), events)

@@ -23,6 +23,7 @@ from spark_mq.protocol.amqp08.codec import (
 )
 from spark_mq.protocol.amqp08.errors import AMQPChannelError, AMQPConnectionError
 
+_new = object.__new__
 _S_B = Struct(">B")
 _S_BB = Struct(">BB")
 _S_BHIQB = Struct(">BHIQB")
@@ -144,7 +145,13 @@ class ConnectionStart(Method):
         n = _unpack_I(buf, o)[0]
         locales = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
-        return cls(version_major, version_minor, server_properties, mechanisms, locales), o
+        self = _new(cls)
+        self.version_major = version_major
+        self.version_minor = version_minor
+        self.server_properties = server_properties
+        self.mechanisms = mechanisms
+        self.locales = locales
+        return self, o
 
 
 class ConnectionStartOk(Method):
@@ -189,7 +196,12 @@ class ConnectionStartOk(Method):
         n = buf[o]
         locale = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(client_properties, mechanism, response, locale), o
+        self = _new(cls)
+        self.client_properties = client_properties
+        self.mechanism = mechanism
+        self.response = response
+        self.locale = locale
+        return self, o
 
 
 class ConnectionSecure(Method):
@@ -221,7 +233,9 @@ class ConnectionSecure(Method):
         n = _unpack_I(buf, o)[0]
         challenge = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
-        return cls(challenge), o
+        self = _new(cls)
+        self.challenge = challenge
+        return self, o
 
 
 class ConnectionSecureOk(Method):
@@ -253,7 +267,9 @@ class ConnectionSecureOk(Method):
         n = _unpack_I(buf, o)[0]
         response = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
-        return cls(response), o
+        self = _new(cls)
+        self.response = response
+        return self, o
 
 
 class ConnectionTune(Method):
@@ -286,7 +302,11 @@ class ConnectionTune(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         channel_max, frame_max, heartbeat = _S_HIH.unpack_from(buf, o)
         o += _S_HIH.size
-        return cls(channel_max, frame_max, heartbeat), o
+        self = _new(cls)
+        self.channel_max = channel_max
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+        return self, o
 
 
 class ConnectionTuneOk(Method):
@@ -319,7 +339,11 @@ class ConnectionTuneOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         channel_max, frame_max, heartbeat = _S_HIH.unpack_from(buf, o)
         o += _S_HIH.size
-        return cls(channel_max, frame_max, heartbeat), o
+        self = _new(cls)
+        self.channel_max = channel_max
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+        return self, o
 
 
 class ConnectionOpen(Method):
@@ -361,7 +385,11 @@ class ConnectionOpen(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         insist = bool(bits0 & 1)
-        return cls(virtual_host, capabilities, insist), o
+        self = _new(cls)
+        self.virtual_host = virtual_host
+        self.capabilities = capabilities
+        self.insist = insist
+        return self, o
 
 
 class ConnectionOpenOk(Method):
@@ -393,7 +421,9 @@ class ConnectionOpenOk(Method):
         n = buf[o]
         known_hosts = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(known_hosts), o
+        self = _new(cls)
+        self.known_hosts = known_hosts
+        return self, o
 
 
 class ConnectionRedirect(Method):
@@ -430,7 +460,10 @@ class ConnectionRedirect(Method):
         n = buf[o]
         known_hosts = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(host, known_hosts), o
+        self = _new(cls)
+        self.host = host
+        self.known_hosts = known_hosts
+        return self, o
 
 
 class ConnectionClose(Method):
@@ -471,7 +504,12 @@ class ConnectionClose(Method):
         o += 1 + n
         class_id, method_id = _S_HH.unpack_from(buf, o)
         o += _S_HH.size
-        return cls(reply_code, reply_text, class_id, method_id), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.class_id = class_id
+        self.method_id = method_id
+        return self, o
 
 
 class ConnectionCloseOk(Method):
@@ -527,7 +565,9 @@ class ChannelOpen(Method):
         n = buf[o]
         out_of_band = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(out_of_band), o
+        self = _new(cls)
+        self.out_of_band = out_of_band
+        return self, o
 
 
 class ChannelOpenOk(Method):
@@ -583,7 +623,9 @@ class ChannelFlow(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         active = bool(bits0 & 1)
-        return cls(active), o
+        self = _new(cls)
+        self.active = active
+        return self, o
 
 
 class ChannelFlowOk(Method):
@@ -615,7 +657,9 @@ class ChannelFlowOk(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         active = bool(bits0 & 1)
-        return cls(active), o
+        self = _new(cls)
+        self.active = active
+        return self, o
 
 
 class ChannelAlert(Method):
@@ -654,7 +698,11 @@ class ChannelAlert(Method):
         reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         details, o = decode_table(buf, o)
-        return cls(reply_code, reply_text, details), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.details = details
+        return self, o
 
 
 class ChannelClose(Method):
@@ -695,7 +743,12 @@ class ChannelClose(Method):
         o += 1 + n
         class_id, method_id = _S_HH.unpack_from(buf, o)
         o += _S_HH.size
-        return cls(reply_code, reply_text, class_id, method_id), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.class_id = class_id
+        self.method_id = method_id
+        return self, o
 
 
 class ChannelCloseOk(Method):
@@ -764,7 +817,14 @@ class AccessRequest(Method):
         active = bool(bits0 & 4)
         write = bool(bits0 & 8)
         read = bool(bits0 & 16)
-        return cls(realm, exclusive, passive, active, write, read), o
+        self = _new(cls)
+        self.realm = realm
+        self.exclusive = exclusive
+        self.passive = passive
+        self.active = active
+        self.write = write
+        self.read = read
+        return self, o
 
 
 class AccessRequestOk(Method):
@@ -795,7 +855,9 @@ class AccessRequestOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         ticket, = _S_H.unpack_from(buf, o)
         o += _S_H.size
-        return cls(ticket), o
+        self = _new(cls)
+        self.ticket = ticket
+        return self, o
 
 
 class ExchangeDeclare(Method):
@@ -852,7 +914,17 @@ class ExchangeDeclare(Method):
         internal = bool(bits0 & 8)
         nowait = bool(bits0 & 16)
         arguments, o = decode_table(buf, o)
-        return cls(ticket, exchange, type, passive, durable, auto_delete, internal, nowait, arguments), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.exchange = exchange
+        self.type = type
+        self.passive = passive
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.nowait = nowait
+        self.arguments = arguments
+        return self, o
 
 
 class ExchangeDeclareOk(Method):
@@ -919,7 +991,12 @@ class ExchangeDelete(Method):
         o += _S_B.size
         if_unused = bool(bits0 & 1)
         nowait = bool(bits0 & 2)
-        return cls(ticket, exchange, if_unused, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.exchange = exchange
+        self.if_unused = if_unused
+        self.nowait = nowait
+        return self, o
 
 
 class ExchangeDeleteOk(Method):
@@ -985,7 +1062,11 @@ class ExchangeBound(Method):
         n = buf[o]
         queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(exchange, routing_key, queue), o
+        self = _new(cls)
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.queue = queue
+        return self, o
 
 
 class ExchangeBoundOk(Method):
@@ -1021,7 +1102,10 @@ class ExchangeBoundOk(Method):
         n = buf[o]
         reply_text = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(reply_code, reply_text), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        return self, o
 
 
 class QueueDeclare(Method):
@@ -1073,7 +1157,16 @@ class QueueDeclare(Method):
         auto_delete = bool(bits0 & 8)
         nowait = bool(bits0 & 16)
         arguments, o = decode_table(buf, o)
-        return cls(ticket, queue, passive, durable, exclusive, auto_delete, nowait, arguments), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.passive = passive
+        self.durable = durable
+        self.exclusive = exclusive
+        self.auto_delete = auto_delete
+        self.nowait = nowait
+        self.arguments = arguments
+        return self, o
 
 
 class QueueDeclareOk(Method):
@@ -1110,7 +1203,11 @@ class QueueDeclareOk(Method):
         o += 1 + n
         message_count, consumer_count = _S_II.unpack_from(buf, o)
         o += _S_II.size
-        return cls(queue, message_count, consumer_count), o
+        self = _new(cls)
+        self.queue = queue
+        self.message_count = message_count
+        self.consumer_count = consumer_count
+        return self, o
 
 
 class QueueBind(Method):
@@ -1164,7 +1261,14 @@ class QueueBind(Method):
         o += _S_B.size
         nowait = bool(bits0 & 1)
         arguments, o = decode_table(buf, o)
-        return cls(ticket, queue, exchange, routing_key, nowait, arguments), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.nowait = nowait
+        self.arguments = arguments
+        return self, o
 
 
 class QueueBindOk(Method):
@@ -1229,7 +1333,11 @@ class QueuePurge(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         nowait = bool(bits0 & 1)
-        return cls(ticket, queue, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.nowait = nowait
+        return self, o
 
 
 class QueuePurgeOk(Method):
@@ -1260,7 +1368,9 @@ class QueuePurgeOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         message_count, = _S_I.unpack_from(buf, o)
         o += _S_I.size
-        return cls(message_count), o
+        self = _new(cls)
+        self.message_count = message_count
+        return self, o
 
 
 class QueueDelete(Method):
@@ -1305,7 +1415,13 @@ class QueueDelete(Method):
         if_unused = bool(bits0 & 1)
         if_empty = bool(bits0 & 2)
         nowait = bool(bits0 & 4)
-        return cls(ticket, queue, if_unused, if_empty, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.if_unused = if_unused
+        self.if_empty = if_empty
+        self.nowait = nowait
+        return self, o
 
 
 class QueueDeleteOk(Method):
@@ -1336,7 +1452,9 @@ class QueueDeleteOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         message_count, = _S_I.unpack_from(buf, o)
         o += _S_I.size
-        return cls(message_count), o
+        self = _new(cls)
+        self.message_count = message_count
+        return self, o
 
 
 class BasicQos(Method):
@@ -1370,7 +1488,11 @@ class BasicQos(Method):
         prefetch_size, prefetch_count, bits2 = _S_IHB.unpack_from(buf, o)
         o += _S_IHB.size
         global_ = bool(bits2 & 1)
-        return cls(prefetch_size, prefetch_count, global_), o
+        self = _new(cls)
+        self.prefetch_size = prefetch_size
+        self.prefetch_count = prefetch_count
+        self.global_ = global_
+        return self, o
 
 
 class BasicQosOk(Method):
@@ -1449,7 +1571,16 @@ class BasicConsume(Method):
         exclusive = bool(bits0 & 4)
         nowait = bool(bits0 & 8)
         arguments, o = decode_table(buf, o)
-        return cls(ticket, queue, consumer_tag, no_local, no_ack, exclusive, nowait, arguments), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.no_local = no_local
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.nowait = nowait
+        self.arguments = arguments
+        return self, o
 
 
 class BasicConsumeOk(Method):
@@ -1481,7 +1612,9 @@ class BasicConsumeOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class BasicCancel(Method):
@@ -1518,7 +1651,10 @@ class BasicCancel(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         nowait = bool(bits0 & 1)
-        return cls(consumer_tag, nowait), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.nowait = nowait
+        return self, o
 
 
 class BasicCancelOk(Method):
@@ -1550,7 +1686,9 @@ class BasicCancelOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class BasicPublish(Method):
@@ -1598,7 +1736,13 @@ class BasicPublish(Method):
         o += _S_B.size
         mandatory = bool(bits0 & 1)
         immediate = bool(bits0 & 2)
-        return cls(ticket, exchange, routing_key, mandatory, immediate), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        return self, o
 
 
 class BasicReturn(Method):
@@ -1644,7 +1788,12 @@ class BasicReturn(Method):
         n = buf[o]
         routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(reply_code, reply_text, exchange, routing_key), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.exchange = exchange
+        self.routing_key = routing_key
+        return self, o
 
 
 class BasicDeliver(Method):
@@ -1692,7 +1841,13 @@ class BasicDeliver(Method):
         n = buf[o]
         routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag, delivery_tag, redelivered, exchange, routing_key), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+        return self, o
 
 
 class BasicGet(Method):
@@ -1733,7 +1888,11 @@ class BasicGet(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         no_ack = bool(bits0 & 1)
-        return cls(ticket, queue, no_ack), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.no_ack = no_ack
+        return self, o
 
 
 class BasicGetOk(Method):
@@ -1780,7 +1939,13 @@ class BasicGetOk(Method):
         o += 1 + n
         message_count, = _S_I.unpack_from(buf, o)
         o += _S_I.size
-        return cls(delivery_tag, redelivered, exchange, routing_key, message_count), o
+        self = _new(cls)
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.message_count = message_count
+        return self, o
 
 
 class BasicGetEmpty(Method):
@@ -1812,7 +1977,9 @@ class BasicGetEmpty(Method):
         n = buf[o]
         cluster_id = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(cluster_id), o
+        self = _new(cls)
+        self.cluster_id = cluster_id
+        return self, o
 
 
 class BasicAck(Method):
@@ -1845,7 +2012,10 @@ class BasicAck(Method):
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         multiple = bool(bits1 & 1)
-        return cls(delivery_tag, multiple), o
+        self = _new(cls)
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+        return self, o
 
 
 class BasicReject(Method):
@@ -1878,7 +2048,10 @@ class BasicReject(Method):
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         requeue = bool(bits1 & 1)
-        return cls(delivery_tag, requeue), o
+        self = _new(cls)
+        self.delivery_tag = delivery_tag
+        self.requeue = requeue
+        return self, o
 
 
 class BasicRecover(Method):
@@ -1910,7 +2083,9 @@ class BasicRecover(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         requeue = bool(bits0 & 1)
-        return cls(requeue), o
+        self = _new(cls)
+        self.requeue = requeue
+        return self, o
 
 
 class BasicRecoverOk(Method):
@@ -1968,7 +2143,11 @@ class FileQos(Method):
         prefetch_size, prefetch_count, bits2 = _S_IHB.unpack_from(buf, o)
         o += _S_IHB.size
         global_ = bool(bits2 & 1)
-        return cls(prefetch_size, prefetch_count, global_), o
+        self = _new(cls)
+        self.prefetch_size = prefetch_size
+        self.prefetch_count = prefetch_count
+        self.global_ = global_
+        return self, o
 
 
 class FileQosOk(Method):
@@ -2044,7 +2223,15 @@ class FileConsume(Method):
         no_ack = bool(bits0 & 2)
         exclusive = bool(bits0 & 4)
         nowait = bool(bits0 & 8)
-        return cls(ticket, queue, consumer_tag, no_local, no_ack, exclusive, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.no_local = no_local
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.nowait = nowait
+        return self, o
 
 
 class FileConsumeOk(Method):
@@ -2076,7 +2263,9 @@ class FileConsumeOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class FileCancel(Method):
@@ -2113,7 +2302,10 @@ class FileCancel(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         nowait = bool(bits0 & 1)
-        return cls(consumer_tag, nowait), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.nowait = nowait
+        return self, o
 
 
 class FileCancelOk(Method):
@@ -2145,7 +2337,9 @@ class FileCancelOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class FileOpen(Method):
@@ -2181,7 +2375,10 @@ class FileOpen(Method):
         o += 1 + n
         content_size, = _S_Q.unpack_from(buf, o)
         o += _S_Q.size
-        return cls(identifier, content_size), o
+        self = _new(cls)
+        self.identifier = identifier
+        self.content_size = content_size
+        return self, o
 
 
 class FileOpenOk(Method):
@@ -2212,7 +2409,9 @@ class FileOpenOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         staged_size, = _S_Q.unpack_from(buf, o)
         o += _S_Q.size
-        return cls(staged_size), o
+        self = _new(cls)
+        self.staged_size = staged_size
+        return self, o
 
 
 class FileStage(Method):
@@ -2289,7 +2488,14 @@ class FilePublish(Method):
         n = buf[o]
         identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(ticket, exchange, routing_key, mandatory, immediate, identifier), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        self.identifier = identifier
+        return self, o
 
 
 class FileReturn(Method):
@@ -2335,7 +2541,12 @@ class FileReturn(Method):
         n = buf[o]
         routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(reply_code, reply_text, exchange, routing_key), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.exchange = exchange
+        self.routing_key = routing_key
+        return self, o
 
 
 class FileDeliver(Method):
@@ -2388,7 +2599,14 @@ class FileDeliver(Method):
         n = buf[o]
         identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag, delivery_tag, redelivered, exchange, routing_key, identifier), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.identifier = identifier
+        return self, o
 
 
 class FileAck(Method):
@@ -2421,7 +2639,10 @@ class FileAck(Method):
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         multiple = bool(bits1 & 1)
-        return cls(delivery_tag, multiple), o
+        self = _new(cls)
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+        return self, o
 
 
 class FileReject(Method):
@@ -2454,7 +2675,10 @@ class FileReject(Method):
         delivery_tag, bits1 = _S_QB.unpack_from(buf, o)
         o += _S_QB.size
         requeue = bool(bits1 & 1)
-        return cls(delivery_tag, requeue), o
+        self = _new(cls)
+        self.delivery_tag = delivery_tag
+        self.requeue = requeue
+        return self, o
 
 
 class StreamQos(Method):
@@ -2489,7 +2713,12 @@ class StreamQos(Method):
         prefetch_size, prefetch_count, consume_rate, bits3 = _S_IHIB.unpack_from(buf, o)
         o += _S_IHIB.size
         global_ = bool(bits3 & 1)
-        return cls(prefetch_size, prefetch_count, consume_rate, global_), o
+        self = _new(cls)
+        self.prefetch_size = prefetch_size
+        self.prefetch_count = prefetch_count
+        self.consume_rate = consume_rate
+        self.global_ = global_
+        return self, o
 
 
 class StreamQosOk(Method):
@@ -2563,7 +2792,14 @@ class StreamConsume(Method):
         no_local = bool(bits0 & 1)
         exclusive = bool(bits0 & 2)
         nowait = bool(bits0 & 4)
-        return cls(ticket, queue, consumer_tag, no_local, exclusive, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.no_local = no_local
+        self.exclusive = exclusive
+        self.nowait = nowait
+        return self, o
 
 
 class StreamConsumeOk(Method):
@@ -2595,7 +2831,9 @@ class StreamConsumeOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class StreamCancel(Method):
@@ -2632,7 +2870,10 @@ class StreamCancel(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         nowait = bool(bits0 & 1)
-        return cls(consumer_tag, nowait), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.nowait = nowait
+        return self, o
 
 
 class StreamCancelOk(Method):
@@ -2664,7 +2905,9 @@ class StreamCancelOk(Method):
         n = buf[o]
         consumer_tag = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        return self, o
 
 
 class StreamPublish(Method):
@@ -2712,7 +2955,13 @@ class StreamPublish(Method):
         o += _S_B.size
         mandatory = bool(bits0 & 1)
         immediate = bool(bits0 & 2)
-        return cls(ticket, exchange, routing_key, mandatory, immediate), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+        return self, o
 
 
 class StreamReturn(Method):
@@ -2758,7 +3007,12 @@ class StreamReturn(Method):
         n = buf[o]
         routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(reply_code, reply_text, exchange, routing_key), o
+        self = _new(cls)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.exchange = exchange
+        self.routing_key = routing_key
+        return self, o
 
 
 class StreamDeliver(Method):
@@ -2804,7 +3058,12 @@ class StreamDeliver(Method):
         n = buf[o]
         queue = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(consumer_tag, delivery_tag, exchange, queue), o
+        self = _new(cls)
+        self.consumer_tag = consumer_tag
+        self.delivery_tag = delivery_tag
+        self.exchange = exchange
+        self.queue = queue
+        return self, o
 
 
 class TxSelect(Method):
@@ -3028,7 +3287,9 @@ class DtxStart(Method):
         n = buf[o]
         dtx_identifier = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
-        return cls(dtx_identifier), o
+        self = _new(cls)
+        self.dtx_identifier = dtx_identifier
+        return self, o
 
 
 class DtxStartOk(Method):
@@ -3082,7 +3343,9 @@ class TunnelRequest(Method):
     def decode(cls, buf, o: int) -> tuple[TunnelRequest, int]:
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         meta_data, o = decode_table(buf, o)
-        return cls(meta_data), o
+        self = _new(cls)
+        self.meta_data = meta_data
+        return self, o
 
 
 class TestInteger(Method):
@@ -3117,7 +3380,13 @@ class TestInteger(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         integer_1, integer_2, integer_3, integer_4, operation = _S_BHIQB.unpack_from(buf, o)
         o += _S_BHIQB.size
-        return cls(integer_1, integer_2, integer_3, integer_4, operation), o
+        self = _new(cls)
+        self.integer_1 = integer_1
+        self.integer_2 = integer_2
+        self.integer_3 = integer_3
+        self.integer_4 = integer_4
+        self.operation = operation
+        return self, o
 
 
 class TestIntegerOk(Method):
@@ -3148,7 +3417,9 @@ class TestIntegerOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         result, = _S_Q.unpack_from(buf, o)
         o += _S_Q.size
-        return cls(result), o
+        self = _new(cls)
+        self.result = result
+        return self, o
 
 
 class TestString(Method):
@@ -3189,7 +3460,11 @@ class TestString(Method):
         o += 4 + n
         operation, = _S_B.unpack_from(buf, o)
         o += _S_B.size
-        return cls(string_1, string_2, operation), o
+        self = _new(cls)
+        self.string_1 = string_1
+        self.string_2 = string_2
+        self.operation = operation
+        return self, o
 
 
 class TestStringOk(Method):
@@ -3221,7 +3496,9 @@ class TestStringOk(Method):
         n = _unpack_I(buf, o)[0]
         result = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
-        return cls(result), o
+        self = _new(cls)
+        self.result = result
+        return self, o
 
 
 class TestTable(Method):
@@ -3256,7 +3533,11 @@ class TestTable(Method):
         table, o = decode_table(buf, o)
         integer_op, string_op = _S_BB.unpack_from(buf, o)
         o += _S_BB.size
-        return cls(table, integer_op, string_op), o
+        self = _new(cls)
+        self.table = table
+        self.integer_op = integer_op
+        self.string_op = string_op
+        return self, o
 
 
 class TestTableOk(Method):
@@ -3292,7 +3573,10 @@ class TestTableOk(Method):
         n = _unpack_I(buf, o)[0]
         string_result = bytes(buf[o + 4:o + 4 + n])
         o += 4 + n
-        return cls(integer_result, string_result), o
+        self = _new(cls)
+        self.integer_result = integer_result
+        self.string_result = string_result
+        return self, o
 
 
 class TestContent(Method):
@@ -3347,7 +3631,9 @@ class TestContentOk(Method):
         """Decode the arguments at ``buf[o:]`` (after the ids); return (method, end offset)."""
         content_checksum, = _S_I.unpack_from(buf, o)
         o += _S_I.size
-        return cls(content_checksum), o
+        self = _new(cls)
+        self.content_checksum = content_checksum
+        return self, o
 
 
 class RabbitQueueUnbind(Method):
@@ -3396,7 +3682,13 @@ class RabbitQueueUnbind(Method):
         routing_key = str(buf[o + 1:o + 1 + n], 'utf-8', 'surrogateescape')
         o += 1 + n
         arguments, o = decode_table(buf, o)
-        return cls(ticket, queue, exchange, routing_key, arguments), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.arguments = arguments
+        return self, o
 
 
 class RabbitQueueUnbindOk(Method):
@@ -3472,7 +3764,15 @@ class RabbitBasicConsume(Method):
         no_ack = bool(bits0 & 2)
         exclusive = bool(bits0 & 4)
         nowait = bool(bits0 & 8)
-        return cls(ticket, queue, consumer_tag, no_local, no_ack, exclusive, nowait), o
+        self = _new(cls)
+        self.ticket = ticket
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.no_local = no_local
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.nowait = nowait
+        return self, o
 
 
 class RabbitBasicRecoverAsync(Method):
@@ -3504,7 +3804,9 @@ class RabbitBasicRecoverAsync(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         requeue = bool(bits0 & 1)
-        return cls(requeue), o
+        self = _new(cls)
+        self.requeue = requeue
+        return self, o
 
 
 class RabbitBasicRecover(Method):
@@ -3536,7 +3838,9 @@ class RabbitBasicRecover(Method):
         bits0, = _S_B.unpack_from(buf, o)
         o += _S_B.size
         requeue = bool(bits0 & 1)
-        return cls(requeue), o
+        self = _new(cls)
+        self.requeue = requeue
+        return self, o
 
 
 class RabbitBasicRecoverOk(Method):
