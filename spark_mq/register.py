@@ -19,11 +19,13 @@ Importing this module does not import pyspark.
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 import sys
 import types
 from typing import Iterable, Optional
 
-__all__ = ["FORMATS", "data_source_class", "register"]
+__all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_streaming_sources"]
 
 #: format name -> (module, class) of its DataSource
 FORMATS = {
@@ -57,7 +59,45 @@ def register(spark, formats: Optional[Iterable[str]] = None) -> list:
     classes = [data_source_class(n) for n in names]  # every import error before any registration
     for cls in classes:
         spark.dataSource.register(cls)
+    expose_py_files_to_streaming_sources(spark)
     return names
+
+
+#: The SparkFiles subdirectory that pyspark 4.x's driver-side streaming source process uses as its
+#: files directory (hard-coded in PythonStreamingSourceRunner: ``writeSparkFiles(Some("streaming_job"), ...)``).
+STREAMING_FILES_DIR = "streaming_job"
+
+
+def expose_py_files_to_streaming_sources(spark) -> list:
+    """Make ``--py-files`` / ``addPyFile`` archives importable by streaming sources; returns what it linked.
+
+    Spark (4.0-4.3 at least) starts the driver-side Python process of a streaming data source with
+    its files directory set to ``<SparkFiles root>/streaming_job`` and the job's Python includes
+    looked up there, but the files themselves are only in the root: ``readStream.format(...)`` then
+    fails with ``No module named 'spark_mq'`` when spark_mq came in a ``--py-files`` zip. Linking
+    (or copying) each include into that directory fixes it. A no-op for Spark Connect sessions and
+    when nothing is missing. The other fix is to put the zip on ``PYTHONPATH`` of the driver JVM.
+    """
+    try:
+        sc = spark.sparkContext
+        from pyspark import SparkFiles
+        root = SparkFiles.getRootDirectory()
+    except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext here
+        return []
+    includes = list(getattr(sc, "_python_includes", None) or ())
+    target = os.path.join(root, STREAMING_FILES_DIR)
+    linked = []
+    for name in includes:
+        src, dst = os.path.join(root, name), os.path.join(target, name)
+        if not os.path.exists(src) or os.path.exists(dst):
+            continue
+        os.makedirs(target, exist_ok=True)
+        try:
+            os.symlink(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+        linked.append(name)
+    return linked
 
 
 class _CallableModule(types.ModuleType):
