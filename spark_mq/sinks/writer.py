@@ -251,7 +251,8 @@ def _summary(plan: SinkPlan, messages: List[Optional[SinkCommitMessage]], batch_
         "messages": sum(m.messages for m in parts),
         "bytes": sum(m.bytes for m in parts),
         "partitions": [{"partition": m.partition, "messages": m.messages, "bytes": m.bytes,
-                        "attempt": m.attempt, "firstId": m.first_id} for m in parts],
+                        "attempt": m.attempt, "firstId": m.first_id,
+                        "seconds": round(m.seconds, 3)} for m in parts],
         "failedTasks": sum(1 for m in messages if m is None),
     }
 
