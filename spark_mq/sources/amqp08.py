@@ -138,6 +138,11 @@ class Amqp08Consumer:
         ok = self.control.queue_declare(self.queue, passive=True)
         return ok.message_count if ok is not None else None
 
+    def depth_in_order(self):
+        # on the consuming channel: deliveries sent before declare-ok are already in the client
+        ok = self.ch.queue_declare(self.queue, passive=True)
+        return ok.message_count if ok is not None else None
+
     def buffered(self) -> int:
         # deliveries the client holds but we have not polled (prefetched; not counted in the depth)
         return len(getattr(self.ch, "_deliveries", ()))

@@ -17,9 +17,6 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import signal
-import sys
-import threading
 import time
 from typing import Callable, Iterator, Optional
 
@@ -140,12 +137,14 @@ class MQStreamReader(DataSourceStreamReader):
 
     def _engine(self):
         if self._ingest is None:
+            # No SIGTERM handler to run stop() at the end: measured, a reader process that takes its
+            # time to exit on SIGTERM makes Spark's start of the NEXT query's reader time out ("Python
+            # worker failed to connect back"). Nothing needs it: every group is fsynced before its ack.
             from spark_mq.sources.ingest import Ingest
             opts, connector = self.opts, self._connector
             self._ingest = Ingest(self.fmt, opts, lambda attempt: connector(opts, attempt))
             self._ingest.start()
             self._started_at = time.monotonic()
-            _exit_on_sigterm()
         self._ingest.check()
         return self._ingest
 
@@ -280,23 +279,6 @@ if SupportsTriggerAvailableNow is not None:
     STREAM_READER = MQStreamReaderAvailableNow
 else:  # pragma: no cover - older pyspark
     STREAM_READER = MQStreamReader
-
-
-_SIGTERM_INSTALLED = False
-
-
-def _exit_on_sigterm() -> None:
-    """Spark ends the driver-side reader process with SIGTERM and never calls ``stop()``: turn the
-    signal into ``SystemExit`` so ``stop()`` runs (last group synced, connection closed politely)."""
-    global _SIGTERM_INSTALLED
-    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-            _SIGTERM_INSTALLED = True
-    except (ValueError, OSError):
-        pass
 
 
 class MQBatchReader(DataSourceReader):

@@ -21,6 +21,7 @@ when the connection fails, and the loop replaces it. Its interface::
     token(msg)                               what ack_commit needs for ``msg``
     pause() / resume()                       stop / restart deliveries (only where prefetch cannot bound)
     depth() -> int | None                    messages ready in the broker (None: cannot tell)
+    depth_in_order() -> int | None           the same, answered after every delivery sent before it
     buffered() -> int                        messages received by the client, not yet polled
     close()
 """
@@ -45,6 +46,7 @@ log = logging.getLogger("spark_mq.sources.ingest")
 __all__ = ["Ingest", "content_identity", "BrokerUnavailableError"]
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
+_DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
 _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress figures
 
 
@@ -52,11 +54,16 @@ class BrokerUnavailableError(SparkMqError):
     """The broker stayed unreachable longer than ``brokerTimeout``."""
 
 
+#: headers that differ between deliveries of one message (STOMP), left out of the content identity
+_VOLATILE_HEADERS = frozenset({"message-id", "subscription", "redelivered", "redeliveries", "ack", "content-length"})
+
+
 def content_identity(body: bytes, headers) -> str:
-    """Identity of a message without a stable id: a hash of body and headers."""
+    """Identity of a message without a stable id: a hash of body and (stable) headers."""
     h = hashlib.blake2b(body, digest_size=16)
     if headers:
-        h.update(repr(sorted(headers)).encode("utf-8", "surrogatepass"))
+        stable = sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)
+        h.update(repr(stable).encode("utf-8", "surrogatepass"))
     return "h:" + h.hexdigest()
 
 
@@ -96,6 +103,8 @@ class Ingest:
         self.opts = opts
         self._connect = connect
         self.ack_mode = opts.get("ackMode") or "auto"
+        from spark_mq.sources.base import prefetch_of
+        self.prefetch = prefetch_of(opts)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
@@ -123,6 +132,7 @@ class Ingest:
         self._target_consumed: Optional[int] = None
         self.target: Optional[int] = None
         self._available_now = False
+        self._want_depth = False
         self._load_identities()
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -231,6 +241,8 @@ class Ingest:
 
     def _step(self) -> None:
         consumer = self._consumer
+        if self._want_depth:
+            self._count_target(consumer)
         if self.over_bound():
             if not self.paused:
                 self.paused = True
@@ -295,24 +307,39 @@ class Ingest:
     # -- availableNow -----------------------------------------------------------------------------
 
     def prepare_available_now(self) -> None:
-        """Fix what "available now" means: AMQP counts the queue depth plus what the client holds;
-        every protocol also ends the drain after a quiet period."""
-        self._available_now = True
-        consumer = self._consumer
-        if consumer is not None:
-            try:
-                depth = consumer.depth()
-            except (SparkMqError, OSError):
-                depth = None
-            if depth is not None:
-                self._target_consumed = self.consumed + consumer.buffered() + depth
+        """Fix what "available now" means. The ingest thread counts, between two polls (when every
+        message it took is counted as consumed): consumed + held by the client + the broker's depth,
+        asked on the consuming channel so that every delivery sent before the answer is already held
+        (AMQP orders a channel's frames). Protocols without a depth end the drain after a quiet period."""
         self.last_message = time.monotonic()
+        self._want_depth = True
+        self._available_now = True
+        self.wait_for(lambda: not self._want_depth or not self.connected, self.opts.connectTimeout + 5.0)
+
+    def _count_target(self, consumer) -> None:
+        self._want_depth = False
+        try:
+            with self._consumer_lock:  # commit-mode acks use the same channel from another thread
+                depth = consumer.depth_in_order()
+                held = consumer.buffered()
+        except (SparkMqError, OSError) as exc:
+            log.warning("%s source: queue depth unknown (%s); availableNow ends after a quiet period", self.fmt, exc)
+            depth = None
+        if depth is not None:
+            self._target_consumed = self.consumed + held + depth
+        with self._cond:
+            self._cond.notify_all()
 
     def _maybe_fix_target(self, consumer, quiet_ok: bool) -> None:
-        if not self._available_now or self.target is not None:
+        if not self._available_now or self.target is not None or self._want_depth:
             return
         reached = self._target_consumed is not None and self.consumed >= self._target_consumed
-        quiet = quiet_ok and time.monotonic() - self.last_message >= self.opts.quietPeriod
+        # silence means "drained" only when the broker is free to send: in commit mode it holds back
+        # once ``prefetch`` messages wait for Spark's commit. With a depth target, silence is only the
+        # fallback (messages taken by another consumer or expired), so it must last longer.
+        quiet_for = self.opts.quietPeriod * (_DEPTH_QUIET_FACTOR if self._target_consumed is not None else 1)
+        starved = self.ack_mode == "commit" and len(self._pending_acks) >= self.prefetch
+        quiet = quiet_ok and not starved and time.monotonic() - self.last_message >= quiet_for
         if reached or quiet:
             self.target = self.log.head
             log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,

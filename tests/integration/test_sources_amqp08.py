@@ -5,6 +5,7 @@ One SparkSession for the module; every query has a timeout; every wait is bounde
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -28,7 +29,9 @@ def spark():
 
     session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-amqp08")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.streaming.stopTimeout", "30s").getOrCreate())
+               .config("spark.sql.streaming.stopTimeout", "30s")
+               # a loaded 2-core CI machine can take longer than the 15 s default to start a Python worker
+               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
     session.dataSource.register(Amqp08DataSource)
     yield session
     session.stop()
@@ -93,5 +96,171 @@ def test_available_now_exactly_once_with_properties(spark, rabbitmq, unique_name
         ("text/plain", 7, "c7", "r", "t", "app", 2)
     assert r.exchange == "" and r.routing_key == queue and r.delivery_tag > 0
     assert depth(url, queue) == 0  # durable mode acked everything
-    progress = q.lastProgress
-    assert progress is not None and "logHead" in progress["sources"][0]["latestOffset"]
+    figures = source_figures(q)
+    assert figures["logHead"] == 2000 and figures["consumed"] == 2000 and figures["uncommittedMessages"] >= 0
+    assert figures["brokerQueueDepth"] == 0 and figures["reconnects"] == 0
+
+
+def wait_rows(spark, table: str, count: int, timeout: float = QUERY_TIMEOUT) -> int:
+    deadline = time.monotonic() + timeout
+    n = 0
+    while time.monotonic() < deadline:
+        n = spark.sql(f"select count(*) from {table}").collect()[0][0]
+        if n >= count:
+            return n
+        time.sleep(0.5)
+    return n
+
+
+def test_50k_streaming_exactly_once_ordered_per_partition_with_limits(spark, rabbitmq, unique_name, tmp_path):
+    from pyspark.sql.functions import spark_partition_id
+
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 50_000)
+    df = reader(spark, url, queue, tmp_path / "log", numPartitions=2, maxMessagesPerTrigger=12_000)
+    df = df.select("offset", "body", "message_id", spark_partition_id().alias("pid"))
+    q = (df.writeStream.format("memory").queryName("amqp50k").option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        n = wait_rows(spark, "amqp50k", 50_000)
+        time.sleep(1.0)  # a few more triggers: nothing more may arrive
+        progress = q.recentProgress
+    finally:
+        q.stop()
+    assert n == 50_000
+    rows = spark.sql("select offset, body, message_id, pid from amqp50k").collect()
+    assert len(rows) == 50_000
+    assert sorted(r.offset for r in rows) == list(range(50_000))
+    assert {r.message_id for r in rows} == {f"id{i}" for i in range(50_000)}
+    # order within a partition: the sink keeps each partition's rows in the order the reader gave them
+    per_batch = [p["numInputRows"] for p in progress if p["numInputRows"]]
+    assert per_batch and max(per_batch) <= 12_000, per_batch
+    assert len(per_batch) >= 5
+    assert depth(url, queue) == 0
+
+
+def test_rows_within_a_partition_keep_broker_order(spark, rabbitmq, unique_name, tmp_path):
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 3000)
+    seen = []
+
+    def collect(batch_df, batch_id):
+        parts = batch_df.rdd.mapPartitions(lambda it: [[(r.offset, r.body) for r in it]]).collect()
+        seen.append(parts)
+
+    df = reader(spark, url, queue, tmp_path / "log", numPartitions=3)
+    q = (df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(QUERY_TIMEOUT)
+    assert q.exception() is None
+    parts = [p for batch in seen for p in batch if p]
+    assert sum(len(p) for p in parts) == 3000
+    assert any(len(batch) > 1 for batch in seen)  # numPartitions > 1 really split a batch
+    for p in parts:
+        offsets = [o for o, _ in p]
+        assert offsets == sorted(offsets) and offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+        assert [b for _, b in p] == [f"m{o}".encode() for o in offsets]
+
+
+def source_figures(q) -> dict:
+    """The backlog figures reportLatestOffset published (shown in lastProgress as JSON text)."""
+    value = q.lastProgress["sources"][0]["latestOffset"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def run_to_parquet(df, out, ckpt):
+    q = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt))
+         .trigger(availableNow=True).start())
+    if not q.awaitTermination(QUERY_TIMEOUT):
+        q.stop()
+        pytest.fail(f"query did not finish within {QUERY_TIMEOUT}s")
+    if q.exception() is not None:
+        raise AssertionError(f"query failed: {q.exception()}")
+    return q
+
+
+def test_commit_mode_restart_redeliveries_are_dropped(spark, rabbitmq, unique_name, tmp_path):
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 3000)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    run_to_parquet(reader(spark, url, queue, tmp_path / "log", ackMode="commit", prefetch=2000), out, ckpt)
+    first = spark.read.parquet(str(out)).collect()
+    assert sorted(r.offset for r in first) == list(range(3000))
+    # Spark never commits the final batch of a run: its messages are still unacked, so redelivered
+    assert depth(url, queue) > 0
+    publish(url, queue, 500, start=3000)
+    q = run_to_parquet(reader(spark, url, queue, tmp_path / "log", ackMode="commit", prefetch=2000), out, ckpt)
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(3500))
+    figures = source_figures(q)
+    assert figures["duplicatesDropped"] > 0 and figures["redeliveries"] > 0
+
+
+def test_auto_mode_and_read_limit_by_bytes(spark, rabbitmq, unique_name, tmp_path):
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 2000, size=1000)
+    df = reader(spark, url, queue, tmp_path / "log", ackMode="auto", maxBytesPerTrigger="200k")
+    q = run_available_now(df, "amqp_auto", tmp_path / "ckpt")
+    assert spark.sql("select count(distinct offset) from amqp_auto").collect()[0][0] == 2000
+    sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= (200 << 10) // 1004 and len(sizes) >= 10, sizes  # bodies are 1004 bytes
+    assert depth(url, queue) == 0
+
+
+def test_batch_read_drains_up_to_a_limit_and_acks(spark, rabbitmq, unique_name):
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 500)
+    df = (spark.read.format("amqp08").option("uri", url).option("queue", queue).option("maxMessages", "300")
+          .option("quietPeriod", "0.5").load())
+    assert df.count() == 300
+    assert df.count() == 300  # the DataFrame holds its data: a second action reads the same
+    assert sorted(r.body for r in df.collect()) == sorted(f"m{i}".encode() for i in range(300))
+    assert depth(url, queue) == 200
+
+
+def test_bad_options_fail_at_load_naming_them(spark, rabbitmq):
+    from pyspark.errors import PySparkException
+    from py4j.protocol import Py4JJavaError
+
+    url = rabbitmq.url("amqp", password="pw-7c1e")
+    with pytest.raises((PySparkException, Py4JJavaError, Exception)) as info:
+        spark.readStream.format("amqp08").option("uri", url).option("queue", "q").option("ackmod", "auto") \
+            .option("logLocation", "/tmp/x").load()
+    text = str(info.value)
+    assert "ackmod" in text and "ackMode" in text
+    assert "pw-7c1e" not in text
+    with pytest.raises(Exception, match="needs option 'queue'"):
+        spark.readStream.format("amqp08").option("uri", url).option("logLocation", "/tmp/x").load()
+
+
+def test_log_is_cleaned_up_after_the_next_commit(spark, rabbitmq, unique_name, tmp_path):
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 1000)
+    log = tmp_path / "log"
+    df = reader(spark, url, queue, log, segmentBytes="20k")
+    q = (df.writeStream.format("memory").queryName("amqp_clean").option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        assert wait_rows(spark, "amqp_clean", 1000) == 1000
+        publish(url, queue, 1, start=1000)  # one more batch: its planning commits the previous one
+        assert wait_rows(spark, "amqp_clean", 1001) == 1001
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            held = [f for f in os.listdir(log) if f.endswith(".arrow")]
+            # only the segment(s) holding offset 1000 (not committed yet) may remain
+            starts = sorted(int(f[4:24]) for f in held)
+            if starts and starts[0] >= 1000 or (len(starts) == 1):
+                break
+            time.sleep(0.3)
+    finally:
+        q.stop()
+    held = sorted(f for f in os.listdir(log) if f.endswith(".arrow"))
+    assert len(held) == 1, held  # the 1000 committed messages' segments are gone
+    table = pa.ipc.open_stream(pa.OSFile(str(log / held[0]))).read_all()
+    assert table.column("offset").to_pylist() in ([1000], [])

@@ -1,0 +1,118 @@
+"""The ``malamute`` source: a Malamute stream reader, mailbox or service worker for the ingest loop.
+
+Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STREAM-READ),
+``mailbox`` (the client connects with that address and reads its mailbox) or ``service`` +
+``pattern`` (SERVICE-OFFER as a worker), and a delivery as a row (``body`` is the first frame,
+``frames`` all of them; ``sender``, ``address``, ``subject``, ``tracker``).
+
+    spark.readStream.format("malamute").option("uri", "tcp://host:9999").option("stream", "weather")
+        .option("pattern", "^temp").option("logLocation", "/shared/weather-log").load()
+
+Malamute has no acknowledgements: once the client holds a message the broker forgets it, so only
+the source log protects it (appended and fsynced in groups, as in every mode). There is no queue
+depth either: availableNow ends after ``quietPeriod`` without messages. There is no credit-based
+pause: while the log is over its bound, deliveries wait in the client (up to its ZeroMQ high-water
+mark, then in the broker).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from spark_mq.errors import OptionError
+from spark_mq.options import Options
+from spark_mq.sources.base import MQDataSource
+from spark_mq.sources.connect import connect_malamute
+
+__all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
+
+_DRAIN_WAIT = 0.001  # seconds: how long an empty inbox is asked again while a group is gathered
+
+
+def validate(opts: Options) -> None:
+    given = [k for k in ("stream", "mailbox", "service") if opts.get(k)]
+    if len(given) != 1:
+        raise OptionError("the malamute source needs exactly one of the options 'stream', 'mailbox', 'service'"
+                          + (f" (got {', '.join(given)})" if given else ""))
+    if opts.get("mailbox") and opts.get("address") and opts.address != opts.mailbox:
+        raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
+
+
+class MalamuteConsumer:
+    stable_ids = False  # no redeliveries in Malamute; trackers are not unique
+
+    def __init__(self, opts: Options, attempt: int = 0) -> None:
+        self.opts = opts
+        if opts.get("mailbox"):
+            address, self.destination = opts.mailbox, opts.mailbox
+        else:
+            address = opts.get("address") or f"spark-mq-{uuid.uuid4().hex[:12]}"
+            self.destination = opts.get("stream") or opts.get("service")
+        self.client = connect_malamute(opts, address, start=attempt)
+        try:
+            if opts.get("stream"):
+                self.client.set_consumer(opts.stream, opts.pattern)
+            elif opts.get("service"):
+                self.client.set_worker(opts.service, opts.pattern)
+        except BaseException:
+            self.client.close()
+            raise
+
+    def poll(self, max_count: int, timeout: float) -> list:
+        recv = self.client.recv
+        first = recv(timeout)
+        if first is None:
+            return []
+        out = [first]
+        deadline = time.monotonic() + timeout
+        while len(out) < max_count and time.monotonic() < deadline:
+            msg = recv(_DRAIN_WAIT)
+            if msg is None:
+                break
+            out.append(msg)
+        return out
+
+    def row(self, msg, offset: int, now_us: int) -> tuple:
+        frames = [bytes(f) for f in msg.content]
+        tracker = getattr(msg, "tracker", "") or ""
+        return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
+                msg.sender, msg.address, msg.subject, tracker, frames)
+
+    def ack(self, msgs: list) -> None:
+        return None
+
+    def token(self, msg):
+        return None
+
+    def ack_commit(self, token) -> None:
+        return None
+
+    def pause(self) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
+    def depth(self):
+        return None
+
+    def depth_in_order(self):
+        return None
+
+    def buffered(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.client.close(timeout=1.0)
+
+
+def connect_consumer(opts: Options, attempt: int = 0) -> MalamuteConsumer:
+    return MalamuteConsumer(opts, attempt)
+
+
+class MalamuteDataSource(MQDataSource):
+    """``format("malamute")``: Malamute source; the sink is ``spark_mq.sinks.malamute``."""
+
+    FORMAT = "malamute"
+    CONNECTOR_MODULE = "spark_mq.sources.malamute"
