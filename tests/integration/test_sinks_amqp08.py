@@ -15,6 +15,8 @@ from collections import Counter
 
 import pika
 import pytest
+
+import spark_mq
 from pyspark.sql import functions as F
 
 from spark_mq.clients.amqp08 import Connection
@@ -31,6 +33,7 @@ PAD = "x" * 64
 @pytest.fixture(scope="module")
 def spark():
     session = local_spark("test_sinks_amqp08")
+    spark_mq.register(session, ["amqp08"])  # the real DataSource (spark_mq.sources.amqp08) calls the sink
     yield session
     session.stop()
 
@@ -99,7 +102,7 @@ def test_stream_of_50000_rows_read_back_by_pika(spark, rabbitmq, unique_name, tm
     checkpoint = str(tmp_path / "ck")
     stream = spark.readStream.schema(spark.read.parquet(str(tmp_path / "in")).schema).parquet(str(tmp_path / "in"))
     query = run_available_now(
-        stream.drop("id").writeStream.format("sinktest_amqp08").option("uri", rabbitmq.url("amqp"))
+        stream.drop("id").writeStream.format("amqp08").option("uri", rabbitmq.url("amqp"))
         .option("routingKey", queue).option("checkpointLocation", checkpoint), QUERY_TIMEOUT)
     got = read_back(rabbitmq, queue, n)
     assert len(got) == n
@@ -167,7 +170,7 @@ def test_batch_write_and_row_stream_writer(spark, rabbitmq, unique_name, tmp_pat
     df = spark.range(0, n, numPartitions=3).select(
         F.concat(F.lit("body-"), F.col("id").cast("string"), F.lit("-" + PAD)).alias("body"),  # string body
         F.lit(queue).alias("routing_key"), F.lit(2).alias("delivery_mode"))
-    df.write.format("sinktest_amqp08").mode("append").option("uri", rabbitmq.url("amqp")).save()
+    df.write.format("amqp08").mode("append").option("uri", rabbitmq.url("amqp")).save()
     got = read_back(rabbitmq, queue, n)
     assert sorted(row_id(body) for _, body in got) == list(range(n))
     assert all(props.delivery_mode == 2 for props, _ in got)
