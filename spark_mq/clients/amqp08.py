@@ -246,8 +246,14 @@ class Connection:
             if kind is ContentReceived:
                 ch = channels.get(ev[0])
                 if ch is not None:
-                    if type(ev[1]) is _BasicDeliver and not ch._callbacks:  # the common case, inline
-                        ch._deliveries.append(_new_message(Message, (ev, ch)))
+                    method = ev[1]
+                    if type(method) is _BasicDeliver:  # the common case, inline
+                        callbacks = ch._callbacks
+                        callback = callbacks.get(method.consumer_tag) if callbacks else None
+                        if callback is None:
+                            ch._deliveries.append(_new_message(Message, (ev, ch)))
+                        else:
+                            callback(_new_message(Message, (ev, ch)))
                     else:
                         ch._on_content(ev)
             elif kind is MethodReceived:

@@ -500,3 +500,26 @@ def test_silent_broker_is_detected_by_heartbeat(rabbitmq_isolated):
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_on_message_callback_gets_every_delivery_in_order(conn, queue):
+    n = 5000
+    conn.channel().publish_many(("", queue, i.to_bytes(4, "big"), None) for i in range(n))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=500)
+    got = []
+    done = threading.Event()
+
+    def on_message(msg):
+        got.append(int.from_bytes(msg.body, "big"))
+        if len(got) % 100 == 0:
+            msg.ack(multiple=True)
+        if len(got) == n:
+            done.set()
+
+    tag = ch.basic_consume(queue, on_message=on_message)
+    assert done.wait(60), f"callback saw {len(got)} of {n}"
+    assert got == list(range(n))
+    assert ch.next_message(0.1) is None  # nothing went to the iterator queue
+    ch.basic_cancel(tag)
+    assert count(ch, queue, 0) == 0
