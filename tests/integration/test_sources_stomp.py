@@ -1,0 +1,87 @@
+"""The stomp source end to end: a real SparkSession (local[2]) against RabbitMQ's STOMP plugin and ActiveMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from spark_mq.clients.stomp import StompClient
+from spark_mq.sources.stomp import StompDataSource
+
+pytestmark = pytest.mark.integration
+
+QUERY_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-stomp")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    session.dataSource.register(StompDataSource)
+    yield session
+    session.stop()
+
+
+def publish(broker, destination: str, count: int, *, headers=None) -> None:
+    with StompClient.from_uri(broker.url("stomp")) as client:
+        if headers is None:
+            client.send_many(destination, (f"m{i}".encode() for i in range(count)), receipt=True)
+        else:
+            for i in range(count):
+                client.send(destination, f"m{i}".encode(), headers=headers(i))
+            client.flush()
+
+
+def run_available_now(spark, broker, destination, tmp_path, name, **opts):
+    r = (spark.readStream.format("stomp").option("uri", broker.url("stomp")).option("destination", destination)
+         .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1"))
+    for k, v in opts.items():
+        r = r.option(k, str(v))
+    q = (r.load().writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    if not q.awaitTermination(QUERY_TIMEOUT):
+        q.stop()
+        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
+    assert q.exception() is None, q.exception()
+    return q
+
+
+def test_50k_exactly_once_rabbitmq(spark, rabbitmq, unique_name, tmp_path):
+    destination = "/queue/" + unique_name("src")
+    publish(rabbitmq, destination, 50_000)
+    q = run_available_now(spark, rabbitmq, destination, tmp_path, "stomp50k", maxMessagesPerTrigger=20_000,
+                          numPartitions=2, prefetch=5000)
+    rows = spark.sql("select body, offset from stomp50k").collect()
+    assert len(rows) == 50_000
+    assert sorted(r.offset for r in rows) == list(range(50_000))
+    assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(50_000))
+    sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= 20_000 and len(sizes) >= 3, sizes
+    # nothing left unacked: a new subscriber gets nothing
+    with StompClient.from_uri(rabbitmq.url("stomp")) as client:
+        client.subscribe(destination, ack="client")
+        assert client.receive(timeout=1.0) is None
+
+
+def test_headers_round_trip_activemq(spark, activemq, unique_name, tmp_path):
+    destination = "/queue/" + unique_name("src")
+    publish(activemq, destination, 300, headers=lambda i: {"n": str(i), "correlation-id": f"c{i}",
+                                                           "reply-to": "/queue/r", "custom": "x y"})
+    q = run_available_now(spark, activemq, destination, tmp_path, "stomp_amq")
+    rows = spark.sql("select * from stomp_amq order by offset").collect()
+    assert [r.body for r in rows] == [f"m{i}".encode() for i in range(300)]
+    r = rows[5]
+    h = dict(r.headers)
+    assert h["n"] == "5" and h["custom"] == "x y" and h["destination"] == destination
+    assert (r.correlation_id, r.reply_to, r.destination) == ("c5", "/queue/r", destination)
+    assert r.message_id and r.message_id.startswith("ID:")
+    figures = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+    assert figures["consumed"] == 300 and figures["brokerQueueDepth"] is None
