@@ -199,8 +199,8 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
     finally:
         if pooled:
             connections.release(key, session, reusable=ok)
-        elif ok:
-            session.close(opts.get("connectTimeout") or 10.0)
+        else:
+            connections.release(key, session, reusable=False)  # closes it
     seconds = time.monotonic() - started
     log.info("%s sink: partition %d committed %d messages (%d bytes) in %.3fs, ids %s0..%d",
              plan.fmt, partition, seq, size, seconds, prefix, seq - 1)

@@ -123,7 +123,7 @@ def test_stream_of_50000_rows_read_back_by_pika(spark, rabbitmq, unique_name, tm
 
 @pytest.mark.timeout(420)
 def test_failure_mid_partition_rolls_back_and_replay_is_deduplicable(spark, rabbitmq, unique_name, tmp_path):
-    n = 20_000
+    n = 12_000
     queue = unique_name("sinkfault")
     declare(rabbitmq, queue)
     make_input(spark, str(tmp_path / "in"), n)
@@ -135,14 +135,14 @@ def test_failure_mid_partition_rolls_back_and_replay_is_deduplicable(spark, rabb
         stream = spark.readStream.schema(schema).parquet(str(tmp_path / "in")).drop("id")
         return run_available_now(
             stream.writeStream.format("sinktest_faulty").option("fault.format", "amqp08")
-            .option("fault.partition", "1").option("fault.afterRows", "6000").option("fault.marker", marker)
+            .option("fault.partition", "1").option("fault.afterRows", "4000").option("fault.marker", marker)
             .option("uri", rabbitmq.url("amqp")).option("routingKey", queue)
             .option("checkpointLocation", checkpoint), QUERY_TIMEOUT)
 
     with pytest.raises(Exception, match="injected task failure"):
         start()
     with open(marker, encoding="utf-8") as f:
-        assert "6000" in f.read()  # the fault really fired, after 6000 rows had been published in the tx
+        assert "4000" in f.read()  # the fault really fired, after 4000 rows had been published in the tx
     query = start()  # restart: batch 0 is replayed with the same batch id
     got = read_back(rabbitmq, queue, n)
     by_id = Counter(props.message_id for props, _ in got)
@@ -150,7 +150,7 @@ def test_failure_mid_partition_rolls_back_and_replay_is_deduplicable(spark, rabb
     assert all(pattern.match(m) for m in by_id)
     faulty = {m: c for m, c in by_id.items() if pattern.match(m).group(1) == "1"}
     other = {m: c for m, c in by_id.items() if pattern.match(m).group(1) == "0"}
-    # the failed attempt's 6000 messages were rolled back: every id of partition 1 arrives exactly once
+    # the failed attempt's 4000 messages were rolled back: every id of partition 1 arrives exactly once
     assert set(faulty.values()) == {1}
     # partition 0 committed whole or not at all in the failed run: each of its ids arrives equally often
     assert len(set(other.values())) == 1

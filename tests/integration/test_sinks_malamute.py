@@ -110,12 +110,12 @@ def test_stream_of_50000_rows_read_back_by_a_plain_client(spark, broker, unique_
 
 @pytest.mark.timeout(420)
 def test_mailbox_failure_mid_partition_replay_is_deduplicable_by_tracker(spark, broker, unique_name, tmp_path):
-    n = 20_000
+    n = 12_000
     mailbox = unique_name("box")
     make_input(spark, str(tmp_path / "in"), n)
     checkpoint = str(tmp_path / "ck")
     marker = str(tmp_path / "failed-once")
-    options = {"fault.format": "malamute", "fault.partition": "1", "fault.afterRows": "6000", "fault.marker": marker,
+    options = {"fault.format": "malamute", "fault.partition": "1", "fault.afterRows": "4000", "fault.marker": marker,
                "mailbox": mailbox}
     with MalamuteClient(broker.endpoint, mailbox, timeout=5.0) as reader:
         with pytest.raises(Exception, match="injected task failure"):

@@ -335,3 +335,20 @@ def test_abort_batch_counts_what_was_already_committed():
     plan = amqp_plan(schema(("body", BinaryType())))
     summary = abort_batch(plan, [SinkCommitMessage(0, 10, 100, 0, None, 0.1), None], 2)
     assert summary["messages"] == 10 and summary["failedTasks"] == 1
+
+
+def test_unpooled_session_is_closed_after_success_and_failure(fake_plan):
+    from dataclasses import replace
+    plan, _ = fake_plan
+    plan = replace(plan, options=plan.options.replace(cacheConnections=False))
+    write_partition(plan, iter(rows_to_batches([(b"a",)], plan.arrow_schema)))
+
+    def failing():
+        yield from rows_to_batches([(b"a",)], plan.arrow_schema)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_partition(plan, failing())
+    assert [s.log[-1] for s in FakeSession.instances] == ["close", "close"]
+    assert FakeSession.instances[1].log == ["begin", ("publish", 1), "rollback", "close"]
+    assert connections.idle_count(plan.session_key()) == 0
