@@ -287,3 +287,56 @@ def test_stomp_send_and_tail(stomp_broker, unique_name, tmp_path):
     assert records[0]["headers"]["region"] == "eu" and records[0]["destination"] == dest
     assert records[0]["message_id"]
     assert run("tail", url, dest, "--max", 1, "--timeout", 1).returncode == 3
+
+
+# ------------------------------------------------------------------------------------ the demo
+
+DEMO_TIMEOUT = 420
+
+
+def _demo(tmp_path, *args, cli=None):
+    summary = tmp_path / "summary.json"
+    cmd = cli or [sys.executable, "-m", "spark_mq.demo"]
+    argv = ["--seconds", 6, "--rate", 150, "--window", 4, "--watermark", 2, "--jitter", 1, "--trigger", 1,
+            "--drain-timeout", 90, "--seed", 7, "--summary-json", summary, *args]
+    result = subprocess.run([*cmd, *map(str, argv)],
+                            capture_output=True, timeout=DEMO_TIMEOUT, env=ENV, stdin=subprocess.DEVNULL)
+    out = result.stdout.decode()
+    assert result.returncode == 0, f"demo failed:\n{out}\n{result.stderr.decode(errors='replace')[-5000:]}"
+    report = json.loads(summary.read_text())
+    assert report["verified"] is True and report["exit_code"] == 0
+    assert report["produced"] >= 600
+    assert report["spark_input_rows"] == report["produced"] + 1  # + the end-of-stream marker
+    assert report["windows_matched"] == report["windows_expected"] >= 10  # >= 2 windows x 5 regions
+    assert report["windows_missing"] == report["windows_mismatched"] == report["duplicate_results"] == 0
+    assert "verified        all" in out and "produced " in out
+    return report, out
+
+
+@pytest.mark.timeout(DEMO_TIMEOUT + 30)
+def test_demo_on_the_embedded_malamute_broker(tmp_path):
+    report, out = _demo(tmp_path, cli=[*CLI, "demo"])
+    assert report["format"] == "malamute" and report["embedded_broker"] is True
+    assert "(embedded, in this process)" in out
+    # live progress lines (every 5 s when stdout is not a terminal) with rates, batches and backlog
+    assert "Spark:" in out and "backlog" in out and "/s)" in out
+
+
+@pytest.mark.timeout(DEMO_TIMEOUT + 30)
+def test_demo_against_rabbitmq_amqp(rabbitmq, tmp_path):
+    report, _ = _demo(tmp_path, "--uri", rabbitmq.url("amqp"))
+    assert report["format"] == "amqp08" and report["embedded_broker"] is False
+    assert "guest:***@" in report["uri"]
+
+
+@pytest.mark.timeout(DEMO_TIMEOUT + 30)
+def test_demo_against_activemq_stomp(activemq, tmp_path):
+    report, _ = _demo(tmp_path, "--uri", activemq.url("stomp"))
+    assert report["format"] == "stomp"
+
+
+def test_demo_rejects_a_bad_uri(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "spark_mq.demo", "--uri", "http://x"], capture_output=True,
+                            timeout=60, env=ENV, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert b"--uri" in result.stderr and b"unknown scheme 'http'" in result.stderr
