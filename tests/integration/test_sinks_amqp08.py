@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import Counter
 
@@ -185,3 +186,39 @@ def test_batch_write_and_row_stream_writer(spark, rabbitmq, unique_name, tmp_pat
                       .option("checkpointLocation", str(tmp_path / "ck")), QUERY_TIMEOUT)
     got = read_back(rabbitmq, queue, n)
     assert sorted(check_message(props, body) for props, body in got) == list(range(n))
+
+
+@pytest.mark.timeout(420)
+def test_broker_memory_alarm_pauses_the_writer_instead_of_failing_it(spark, rabbitmq_isolated, tmp_path):
+    """RabbitMQ's memory alarm stops reading from publishers (TCP back-pressure): the write waits, then
+    completes once the alarm clears."""
+    broker = rabbitmq_isolated()
+    queue = "alarm.q"
+    declare(broker, queue)
+    n = 5_000
+    df = spark.range(0, n, numPartitions=2).select(
+        F.concat(F.lit("body-"), F.col("id").cast("string"), F.lit("-" + PAD)).cast("binary").alias("body"))
+    paused = 15.0
+    seen = {}
+
+    def clear_alarm_later():
+        time.sleep(paused)
+        try:
+            with Connection.from_url(broker.url("amqp")) as conn:  # declare-ok is answered during an alarm
+                seen["depth"] = conn.channel().queue_declare(queue, passive=True).message_count
+        finally:
+            broker.ctl("set_vm_memory_high_watermark", "0.4")
+
+    broker.ctl("set_vm_memory_high_watermark", "0")  # alarm: the broker stops reading from publishers
+    helper = threading.Thread(target=clear_alarm_later, daemon=True)
+    started = time.monotonic()
+    helper.start()
+    try:
+        df.write.format("amqp08").mode("append").option("uri", broker.url("amqp")).option("routingKey", queue).save()
+    finally:
+        helper.join(60)
+    took = time.monotonic() - started
+    assert took >= paused  # the write waited for the alarm to clear...
+    assert seen.get("depth") == 0  # ...with nothing committed while it lasted
+    got = read_back(broker, queue, n)  # ...and then delivered everything
+    assert sorted(row_id(body) for _, body in got) == list(range(n))
