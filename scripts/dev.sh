@@ -55,9 +55,13 @@ setup_python() {
   fi
   local stamp="$VENV/.spark-mq-installed"
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    log "installing Python dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip </dev/null
-    "$VENV/bin/python" -m pip install -q -e ".[test]" </dev/null
+    log "installing Python dependencies into $VENV (log: $VENV/pip-install.log)"
+    # the build backend's warnings go to the log; on failure the log's end is shown
+    if ! { "$VENV/bin/python" -m pip install -q --upgrade pip &&
+           "$VENV/bin/python" -m pip install -q -e ".[test]"; } </dev/null >"$VENV/pip-install.log" 2>&1; then
+      tail -n 40 "$VENV/pip-install.log" >&2
+      die "pip install failed (full log: $VENV/pip-install.log)"
+    fi
     touch "$stamp"
   fi
 }
