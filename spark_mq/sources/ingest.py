@@ -274,7 +274,9 @@ class Ingest:
             if redelivered:
                 self.redeliveries += 1
             key = self._identity_of(row[0], row[2], row[4])
-            if (check_all or redelivered) and key in dedup:
+            # a stable message id is checked for every message; a content hash only for redeliveries
+            # (two sends of the same body are two messages)
+            if (redelivered or (check_all and row[2] is not None)) and key in dedup:
                 self.duplicates += 1
                 kept_tokens.append((None, msg))
                 continue
@@ -415,4 +417,5 @@ class Ingest:
             "reconnects": self.reconnects,
             "paused": self.paused,
             "connected": self.connected,
+            "availableNowTarget": self.target,
         }

@@ -1,0 +1,248 @@
+"""End-to-end rate of each source next to the same protocol's raw client, plus reader-process memory.
+
+For each format (amqp08 on RabbitMQ, stomp on RabbitMQ's STOMP plugin, malamute on the embedded
+broker) and body size (100 B, 4 KiB): preload N messages, time our raw client consuming (and
+acking) them; preload N again, time a ``trigger(availableNow=True)`` query from the source to the
+``noop`` sink (start to termination, Spark's planning included). Then one long amqp08 run with a
+small log bound, sampling the RSS of the driver-side reader process (the one running the ingest):
+memory must follow the bound, not the message count.
+
+    python -m bench sources                 # ~2-3 minutes: N=20,000 (100 B), 5,000 (4 KiB), 200,000 for memory
+    python -m bench sources --memory=2000000
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from bench.common import harness, write_results
+
+SIZES = {"100B": 100, "4KiB": 4096}
+COUNTS = {"100B": 20_000, "4KiB": 5_000}
+MEMORY_MESSAGES = 200_000
+MEMORY_BOUND = 20_000  # maxUncommittedMessages of the memory run
+TARGET = 0.7
+
+
+def _arg(argv, name, default):
+    for a in argv:
+        if a.startswith(f"--{name}="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+# -- preload and raw consumption per protocol ---------------------------------------------------
+
+def amqp_preload(url, queue, n, size):
+    from spark_mq.clients.amqp08 import BasicProperties, Connection
+    body = b"x" * size
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        props = BasicProperties(delivery_mode=2)
+        ch.publish_many(("", queue, body, props) for _ in range(n))
+        ch.queue_declare(queue, passive=True)
+
+
+def amqp_raw(url, queue, n):
+    from spark_mq.clients.amqp08 import Connection
+    got = 0
+    t0 = time.perf_counter()
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+        ch.basic_consume(queue)
+        while got < n:
+            msg = ch.next_message(10)
+            if msg is None:
+                break
+            batch = [msg] + ch.drain(1000)
+            got += len(batch)
+            ch.basic_ack(batch[-1].delivery_tag, multiple=True)
+    return got, time.perf_counter() - t0
+
+
+def stomp_preload(url, dest, n, size):
+    from spark_mq.clients.stomp import StompClient
+    body = b"x" * size
+    with StompClient.from_uri(url) as c:
+        c.send_many(dest, (body for _ in range(n)), receipt=True)
+
+
+def stomp_raw(url, dest, n):
+    from spark_mq.clients.stomp import StompClient
+    got = 0
+    t0 = time.perf_counter()
+    with StompClient.from_uri(url) as c:
+        c.subscribe(dest, ack="client", prefetch=1000)
+        while got < n:
+            frames = c.receive_many(1000, timeout=10)
+            if not frames:
+                break
+            got += len(frames)
+            c.ack(frames[-1])
+    return got, time.perf_counter() - t0
+
+
+def mlm_preload(endpoint, mailbox, n, size):
+    from spark_mq.clients.malamute import MalamuteClient
+    body = b"x" * size
+    with MalamuteClient(endpoint, f"p-{uuid.uuid4().hex[:8]}", timeout=5) as c:
+        for _ in range(n):
+            c.sendto(mailbox, "s", body)
+        c.ping(timeout=60)
+
+
+def mlm_raw(endpoint, mailbox, n):
+    from spark_mq.clients.malamute import MalamuteClient
+    got = 0
+    t0 = time.perf_counter()
+    with MalamuteClient(endpoint, mailbox, timeout=5) as c:
+        while got < n:
+            if c.recv(timeout=10) is None:
+                break
+            got += 1
+    return got, time.perf_counter() - t0
+
+
+# -- the source through Spark -------------------------------------------------------------------
+
+def run_source(spark, fmt, options, logdir):
+    r = spark.readStream.format(fmt).option("logLocation", logdir).option("quietPeriod", "0.5")
+    for k, v in options.items():
+        r = r.option(k, v)
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    t0 = time.perf_counter()
+    q = r.load().writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    q.awaitTermination(600)
+    seconds = time.perf_counter() - t0
+    if q.exception() is not None:
+        raise RuntimeError(f"{fmt} query failed: {q.exception()}")
+    progress = q.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
+    in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    return rows, seconds, q, in_batches
+
+
+def _reader_pids() -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"python_streaming_source_runner" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def main(argv: list[str]) -> dict:
+    counts = dict(COUNTS)
+    memory_n = _arg(argv, "memory", MEMORY_MESSAGES)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    brokers = harness()
+    from spark_mq.malamute_broker.testing import BrokerProcess
+
+    rabbit = brokers.start_rabbitmq()
+    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=tempfile.mkdtemp(prefix="bench-mlm-"))
+    mlm.start()
+    from pyspark.sql import SparkSession
+    from spark_mq.sources.amqp08 import Amqp08DataSource
+    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.sources.stomp import StompDataSource
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    for ds in (Amqp08DataSource, StompDataSource, MalamuteDataSource):
+        spark.dataSource.register(ds)
+    figures: dict = {"counts": counts, "target_ratio": TARGET}
+    rows = []
+    try:
+        amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")
+        protocols = {
+            "amqp08": (lambda name, n, s: amqp_preload(amqp_url, name, n, s), lambda name, n: amqp_raw(amqp_url, name, n),
+                       lambda name: {"uri": amqp_url, "queue": name}),
+            "stomp": (lambda name, n, s: stomp_preload(stomp_url, "/queue/" + name, n, s),
+                      lambda name, n: stomp_raw(stomp_url, "/queue/" + name, n),
+                      lambda name: {"uri": stomp_url, "destination": "/queue/" + name}),
+            "malamute": (lambda name, n, s: mlm_preload(mlm.endpoint, name, n, s),
+                         lambda name, n: mlm_raw(mlm.endpoint, name, n),
+                         lambda name: {"uri": mlm.endpoint, "mailbox": name}),
+        }
+        for fmt, (preload, raw, options) in protocols.items():
+            for label, size in SIZES.items():
+                n = counts[label]
+                name = f"bench-{fmt}-{label}-{uuid.uuid4().hex[:6]}"
+                preload(name + "-raw", n, size)
+                got_raw, raw_s = raw(name + "-raw", n)
+                preload(name, n, size)
+                got_src, src_s, _, batch_s = run_source(spark, fmt, options(name), tempfile.mkdtemp(prefix="bench-log-"))
+                raw_rate, src_rate = got_raw / raw_s, got_src / src_s
+                batch_rate = got_src / batch_s if batch_s else 0.0
+                figures[f"{fmt}_{label}"] = {"n": n, "raw_received": got_raw, "source_rows": got_src,
+                                             "raw_msgs_per_s": raw_rate, "source_msgs_per_s": src_rate,
+                                             "source_in_batches_msgs_per_s": batch_rate,
+                                             "ratio": src_rate / raw_rate, "ratio_in_batches": batch_rate / raw_rate}
+                rows.append((fmt, label, n, raw_rate, src_rate, src_rate / raw_rate, batch_rate))
+        # memory: a long run with a small log bound
+        queue = f"bench-mem-{uuid.uuid4().hex[:6]}"
+        amqp_preload(amqp_url, queue, memory_n, 100)
+        samples: list[float] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                for pid in _reader_pids():
+                    samples.append(_rss_mib(pid))
+                stop.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        got, seconds, q, _ = run_source(spark, "amqp08", {"uri": amqp_url, "queue": queue,
+                                                       "maxUncommittedMessages": str(MEMORY_BOUND),
+                                                       "maxMessagesPerTrigger": str(MEMORY_BOUND // 2)},
+                                     tempfile.mkdtemp(prefix="bench-log-"))
+        stop.set()
+        sampler.join(2)
+        figures["memory"] = {"messages": memory_n, "rows": got, "seconds": seconds, "bound_messages": MEMORY_BOUND,
+                             "reader_rss_mib_max": max(samples) if samples else None,
+                             "reader_rss_mib_first": samples[0] if samples else None, "samples": len(samples)}
+    finally:
+        spark.stop()
+        mlm.stop()
+        rabbit._shutdown()
+    print("source msg/s: query start to end (Spark start-up of the query included); in batches: rows over the")
+    print("summed triggerExecution times of its micro-batches")
+    print(f"{'format':9} {'size':5} {'n':>7} {'raw msg/s':>11} {'source msg/s':>13} {'ratio':>6} {'in batches':>11} {'ratio':>6}")
+    for fmt, label, n, raw_rate, src_rate, ratio, batch_rate in rows:
+        print(f"{fmt:9} {label:5} {n:7d} {raw_rate:11.0f} {src_rate:13.0f} {ratio:6.2f} {batch_rate:11.0f} "
+              f"{batch_rate / raw_rate:6.2f}")
+    m = figures["memory"]
+    print(f"memory run: {m['rows']} of {m['messages']} messages in {m['seconds']:.1f}s, log bound {MEMORY_BOUND} "
+          f"messages, reader RSS max {m['reader_rss_mib_max']} MiB (first sample {m['reader_rss_mib_first']} MiB)")
+    write_results("sources", figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
