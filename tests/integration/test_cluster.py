@@ -1,0 +1,295 @@
+"""spark-mq on real multi-process Spark deployments, started from the pip-installed pyspark alone:
+
+- a standalone cluster on loopback: one master and two workers, each its own JVM
+  (``bin/spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), and a driver
+  submitted with ``bin/spark-submit --master spark://...``. The job streams from a Malamute stream to a
+  Malamute stream with the source log on a path every process shares, with two executors.
+- Spark Connect: a Connect server (``SparkConnectServer`` through ``spark-submit``) and a client
+  session (``SparkSession.builder.remote``) in a separate process that registers the formats and
+  runs the same pipeline. The server's Python workers import spark_mq from this environment.
+
+Every process is started with a timeout, waited for on its log line or port, and killed (process
+group) at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pyspark
+
+PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
+SPARK_CLASS = PYSPARK_HOME / "bin" / "spark-class"
+SPARK_SUBMIT = PYSPARK_HOME / "bin" / "spark-submit"
+START_TIMEOUT = 180
+JOB_TIMEOUT = 400
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tmp: Path) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_HOME": str(PYSPARK_HOME),
+        "SPARK_LOG_DIR": str(tmp / "logs"), "SPARK_WORKER_DIR": str(tmp / "work"), "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(tmp / "local"), "PYTHONUNBUFFERED": "1",
+    })
+    for name in ("logs", "work", "local"):
+        (tmp / name).mkdir(exist_ok=True)
+    return env
+
+
+class Daemon:
+    """A long-running Spark JVM (master, worker, Connect server) in its own process group."""
+
+    def __init__(self, name: str, cmd: list, env: dict, tmp: Path) -> None:
+        self.name = name
+        self.log_path = tmp / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.text():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.3)
+        raise AssertionError(f"{self.name}: no {needle!r} within {timeout}s (exit {self.proc.poll()}); log tail:\n"
+                             f"{self.text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(15)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def daemons():
+    started: list[Daemon] = []
+    yield started
+    for d in reversed(started):
+        d.stop()
+
+
+def _run_job(cmd: list, env: dict, cwd: Path, what: str) -> dict:
+    try:
+        result = subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, timeout=JOB_TIMEOUT,
+                                stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{what} timed out:\n{(exc.stdout or b'').decode()[-3000:]}\n"
+                             f"{(exc.stderr or b'').decode(errors='replace')[-5000:]}")
+    out = result.stdout.decode()
+    (cwd / "job.stdout").write_bytes(result.stdout)
+    (cwd / "job.stderr").write_bytes(result.stderr)
+    lines = [ln for ln in out.splitlines() if ln.startswith("REPORT ")]
+    if result.returncode != 0 or not lines:
+        err = result.stderr.decode(errors="replace")
+        causes = [ln for ln in (out + err).splitlines() if ("Error" in ln or "Exception" in ln) and " INFO " not in ln
+                  and not ln.lstrip().startswith("at ")]
+        raise AssertionError(f"{what} failed (exit {result.returncode}):\n{out[-3000:]}\nerrors:\n"
+                             + "\n".join(causes[:40]) + f"\nstderr tail:\n{err[-3000:]}")
+    return json.loads(lines[-1][len("REPORT "):])
+
+
+# The pipeline both tests run: Malamute stream "in" -> query (upper-case) -> Malamute stream "out".
+PIPELINE = r'''
+import json, os, sys, threading, time
+from spark_mq.clients.malamute import MalamuteClient
+from spark_mq.malamute_broker import Broker
+
+def run_pipeline(spark, shared_dir, report, n=40, partitions=2):
+    broker = Broker(["tcp://127.0.0.1:0"]).start()
+    endpoint = broker.endpoints[0]
+    consumer = MalamuteClient(endpoint, "checker")
+    consumer.set_consumer("out", "")
+    query = (spark.readStream.format("malamute").option("uri", endpoint).option("stream", "in")
+             .option("logLocation", os.path.join(shared_dir, "source-log"))
+             .option("numPartitions", str(partitions)).load()
+             .selectExpr("upper(cast(body as string)) as body")
+             .writeStream.format("malamute").option("uri", endpoint).option("stream", "out")
+             .option("checkpointLocation", os.path.join(shared_dir, "checkpoint"))
+             .trigger(processingTime="1 second").start())
+    stop = threading.Event()
+
+    sent = []
+
+    def produce():
+        producer = MalamuteClient(endpoint, "producer")
+        producer.set_producer("in")
+        i = 0
+        while not stop.is_set():
+            producer.send("event", f"m{i}")
+            sent.append(i)
+            i += 1
+            time.sleep(0.05)
+        producer.ping()
+        producer.close()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    got, deadline = [], time.monotonic() + 240
+    while len(got) < n and time.monotonic() < deadline and query.exception() is None:
+        msg = consumer.recv(0.5)
+        if msg is not None:
+            got.append(bytes(msg.content[0]).decode())
+    # Stop producing, then collect the rest: partitions are written concurrently, so what has
+    # arrived at any moment need not be contiguous; once everything is through, it must be.
+    stop.set()
+    thread.join(30)
+    last = "M%d" % sent[-1]
+    deadline = time.monotonic() + 120
+    while last not in got and time.monotonic() < deadline and query.exception() is None:
+        msg = consumer.recv(0.5)
+        if msg is not None:
+            got.append(bytes(msg.content[0]).decode())
+    report["last_sent"] = sent[-1]
+    report["query_exception"] = str(query.exception())[:3000] if query.exception() is not None else None
+    report["received"] = got
+    report["batches"] = len(query.recentProgress)
+    deadline = time.monotonic() + 15
+    while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    consumer.close()
+    broker.stop()
+'''
+
+
+def _check_pipeline(report: dict) -> None:
+    assert report["query_exception"] is None, report["query_exception"]
+    bodies = report["received"]
+    assert len(bodies) >= 40 and all(b.startswith("M") for b in bodies), bodies
+    numbers = sorted(int(b[1:]) for b in bodies)
+    # from the first message the source saw to the last one sent: no gap, no duplicate
+    assert numbers == list(range(numbers[0], report["last_sent"] + 1)), numbers
+
+
+CLUSTER_JOB = PIPELINE + r'''
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.appName("spark-mq cluster test").getOrCreate()
+import spark_mq
+spark_mq.register(spark)  # editable (development) installs are not auto-registered: pkgutil cannot see them
+sc = spark.sparkContext
+deadline = time.monotonic() + 120
+while sc._jsc.sc().getExecutorMemoryStatus().size() < 3 and time.monotonic() < deadline:   # driver + 2
+    time.sleep(0.5)
+report = {"master": sc.master, "executors": sc._jsc.sc().getExecutorMemoryStatus().size() - 1}
+# where Python work runs: one task per executor core, each reports its worker's host:port and pid
+report["python_worker_pids"] = sorted(set(
+    sc.parallelize(range(8), 8).map(lambda _: os.getppid()).collect()))
+run_pipeline(spark, sys.argv[1], report)
+spark.stop()
+print("REPORT " + json.dumps(report))
+'''
+
+
+def test_standalone_cluster_two_workers(tmp_path, daemons):
+    env = _env(tmp_path)
+    master_port = _free_port()
+    master = Daemon("master", [SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", master_port, "--webui-port", _free_port()], env, tmp_path)
+    daemons.append(master)
+    master.wait_for("I have been elected leader")
+    url = f"spark://127.0.0.1:{master_port}"
+    for i in (1, 2):
+        worker = Daemon(f"worker{i}", [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host",
+                                       "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", _free_port(),
+                                       "--work-dir", tmp_path / f"work{i}"], env, tmp_path)
+        daemons.append(worker)
+    for worker in daemons[1:]:
+        worker.wait_for("Successfully registered with master")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = tmp_path / "job.py"
+    job.write_text(CLUSTER_JOB)
+    report = _run_job([SPARK_SUBMIT, "--master", url, "--conf", "spark.ui.enabled=false",
+                       "--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2",
+                       "--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.pyspark.python={sys.executable}",
+                       job, shared], env, tmp_path, "spark-submit to the standalone cluster")
+    assert report["master"] == url
+    assert report["executors"] == 2
+    # two executor JVMs, each with its own Python worker daemon
+    assert len(report["python_worker_pids"]) == 2, report["python_worker_pids"]
+    _check_pipeline(report)
+    # the executors ran in the workers' JVMs: each worker has an executor directory of the app
+    for i in (1, 2):
+        apps = list((tmp_path / f"work{i}").glob("app-*/*/stderr"))
+        assert apps, f"worker {i} ran no executor"
+
+
+CONNECT_CLIENT = PIPELINE + r'''
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[2]).getOrCreate()
+report = {"connect": type(spark).__module__}
+import spark_mq
+report["registered"] = spark_mq.register(spark)
+report["schema"] = spark.read.format("malamute").option("uri", "tcp://127.0.0.1:1").option("stream", "s") \
+    .load().schema.fieldNames()
+run_pipeline(spark, sys.argv[1], report, partitions=1)
+spark.stop()
+print("REPORT " + json.dumps(report))
+'''
+
+
+def test_spark_connect_server_and_client(tmp_path, daemons):
+    try:  # a missing client library fails the test (it does not skip)
+        import grpc  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError as exc:
+        raise AssertionError(f"the Spark Connect client needs pyspark[connect] (./dev setup installs it): {exc}")
+    env = _env(tmp_path)
+    port = _free_port()
+    server = Daemon("connect", [SPARK_SUBMIT, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+                                "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
+                                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+                                "--conf", f"spark.pyspark.python={sys.executable}", "spark-internal"], env, tmp_path)
+    daemons.append(server)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the Connect server did not listen on {port}:\n{server.text()[-4000:]}")
+        time.sleep(0.5)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    client = tmp_path / "client.py"
+    client.write_text(CONNECT_CLIENT)
+    report = _run_job([sys.executable, client, shared, f"sc://127.0.0.1:{port}"], env, tmp_path,
+                      "the Spark Connect client")
+    assert report["connect"].startswith("pyspark.sql.connect")
+    assert report["registered"] == ["amqp08", "stomp", "malamute"]
+    assert {"body", "subject", "frames", "offset"} <= set(report["schema"])
+    _check_pipeline(report)
