@@ -127,6 +127,10 @@ class FaultySink(DataSource):
 
 
 def register_all(spark) -> None:
+    """The real formats (amqp08, stomp, malamute) and the test-only ones (fault injection, Row writer)."""
+    from spark_mq.register import register
+
+    register(spark)
     for cls in (SinkOnlyAmqp08, SinkOnlyStomp, SinkOnlyMalamute, SinkOnlyAmqp08Rows, FaultySink):
         spark.dataSource.register(cls)
 

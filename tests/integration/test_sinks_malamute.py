@@ -68,7 +68,7 @@ def make_input(spark, path: str, n: int, files: int = 2) -> None:
     ).write.parquet(path))
 
 
-def stream_to(spark, broker, path: str, checkpoint: str, fmt: str = "sinktest_malamute", **options):
+def stream_to(spark, broker, path: str, checkpoint: str, fmt: str = "malamute", **options):
     schema = spark.read.parquet(path).schema
     writer = (spark.readStream.schema(schema).parquet(path).writeStream.format(fmt)
               .option("uri", broker.endpoint).option("checkpointLocation", checkpoint))

@@ -87,7 +87,7 @@ def row_id(body: bytes) -> int:
     return int(body.split(b"-")[1])
 
 
-def stream_to(spark, broker, path: str, destination: str, checkpoint: str, fmt: str = "sinktest_stomp", **options):
+def stream_to(spark, broker, path: str, destination: str, checkpoint: str, fmt: str = "stomp", **options):
     schema = spark.read.parquet(path).schema
     writer = (spark.readStream.schema(schema).parquet(path).writeStream.format(fmt)
               .option("uri", broker.url("stomp")).option("destination", destination)
