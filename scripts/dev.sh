@@ -118,7 +118,7 @@ run_pytest() {
   [ $has_path = 1 ] || args=(tests "${args[@]}")
   log "running: pytest ${args[*]}"
   local rc=0
-  "$VENV/bin/python" -m pytest "${args[@]}" </dev/null || rc=$?
+  "$VENV/bin/python" -m pytest --durations=15 "${args[@]}" </dev/null || rc=$?
   if [ $rc = 5 ]; then log "pytest collected no tests: failing"; fi
   return $rc
 }
