@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -10,6 +11,7 @@ import bench
 
 
 def main(argv: list[str]) -> int:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Spark's driver stays on loopback
     names = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
     known = set(names) | {n.removeprefix("bench_") for n in names}
     wanted = [a for a in argv if a in known]

@@ -8,6 +8,9 @@ VENV="${SPARK_MQ_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 JAVA_MIN=17
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+# Spark binds its driver to the first non-loopback interface unless told otherwise; the demo, tests and
+# benchmarks keep all their traffic on loopback.
+export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 
 log() { printf '[spark-mq] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

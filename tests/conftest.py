@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+# Spark binds its driver to the first non-loopback interface unless told otherwise: keep test traffic
+# on loopback, also when pytest is run directly rather than through ./dev test.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Seconds; a safety net against hangs, not a performance budget. Override per test with
 # @pytest.mark.timeout(N), or for a run with SPARK_MQ_TEST_TIMEOUT=N (0 disables) or --timeout=N.
 DEFAULT_TEST_TIMEOUT = 600
