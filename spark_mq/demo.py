@@ -47,8 +47,20 @@ REGIONS = ("eu-west", "eu-north", "us-east", "us-west", "ap-south")
 PRODUCTS = {"keyboard": 4_999, "mouse": 1_999, "monitor": 18_900, "laptop": 119_900, "cable": 899, "dock": 21_500}
 EOS_REGION = "__end_of_stream__"
 ORDER_SCHEMA = "order_id STRING, ts_ms BIGINT, region STRING, product STRING, quantity INT, price_cents BIGINT"
+#: Spark settings of the demo; conf/spark/spark-defaults.conf holds the same (a unit test checks it) as
+#: recommended defaults for spark-mq pipelines.
+SPARK_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+#: log4j2 configuration of the demo's JVM; conf/logging/log4j2.properties is the same file.
 LOG4J2 = """\
-# Written by spark_mq.demo: keep Spark quiet so the demo's own output is readable.
+# spark-mq: quiet Spark logging for streaming jobs (used by the demo; pass it with
+#   --conf spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:conf/logging/log4j2.properties).
+# Errors from Spark, warnings from the Python data source machinery, everything else off.
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
@@ -56,6 +68,8 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.pyds.name = org.apache.spark.sql.execution.datasources.v2.python
+logger.pyds.level = warn
 """
 
 

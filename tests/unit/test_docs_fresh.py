@@ -1,0 +1,62 @@
+"""Generated and duplicated files stay in step with the code that defines them.
+
+- docs/options.md and docs/schema.md equal what scripts/gen_docs.py writes from the option and column
+  definitions (regenerate with ``python scripts/gen_docs.py``);
+- every notebook equals what notebooks/generate.py writes (``python notebooks/generate.py``);
+- conf/spark/spark-defaults.conf and conf/logging/log4j2.properties are what the demo uses;
+- every option that the parser accepts appears in the options reference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rel", ["docs/options.md", "docs/schema.md"])
+def test_generated_docs_are_fresh(rel):
+    gen = _load(ROOT / "scripts" / "gen_docs.py")
+    expected = gen.GENERATED[rel]()
+    actual = (ROOT / rel).read_text()
+    assert actual == expected, f"{rel} is stale: run `python scripts/gen_docs.py` and commit the result"
+
+
+def test_options_reference_lists_every_option_of_every_format():
+    gen = _load(ROOT / "scripts" / "gen_docs.py")
+    gen._load()
+    from spark_mq.options import SINK, SOURCE, registered
+    text = (ROOT / "docs" / "options.md").read_text()
+    for fmt in gen.FORMATS:
+        for direction in (SOURCE, SINK):
+            section = text.split(f"## `{fmt}` {direction}")[1].split("\n## ")[0]
+            for spec in registered(fmt, direction):
+                assert f"| `{spec.name}` |" in section, (fmt, direction, spec.name)
+
+
+def test_notebooks_are_fresh():
+    gen = _load(ROOT / "notebooks" / "generate.py")
+    for name in gen.NOTEBOOKS:
+        assert (ROOT / "notebooks" / name).read_text() == gen.render(name), (
+            f"notebooks/{name} is stale: run `python notebooks/generate.py`")
+
+
+def test_conf_files_are_what_the_demo_uses():
+    from spark_mq import demo
+    assert (ROOT / "conf" / "logging" / "log4j2.properties").read_text() == demo.LOG4J2
+    settings = {}
+    for line in (ROOT / "conf" / "spark" / "spark-defaults.conf").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, value = line.split(None, 1)
+            settings[key] = value.strip()
+    assert settings == demo.SPARK_DEFAULTS
