@@ -77,6 +77,29 @@ def _malamute(rows: list) -> None:
                      ">= 0.7", r.get("when", "")))
 
 
+def _sources(rows: list) -> None:
+    r = _load("sources")
+    if not r:
+        return
+    for key in sorted(k for k in r if isinstance(r[k], dict) and "raw_msgs_per_s" in r[k]):
+        row = r[key]
+        fmt, size = key.split("_", 1)
+        rows.append((f"{fmt} source (availableNow, noop sink) vs raw client", f"{row['n']:,} x {size}",
+                     f"{row['source_msgs_per_s']:,.0f} msg/s",
+                     f"x{row['ratio']:.2f} rate (x{row['ratio_in_batches']:.2f} counting batch time only)",
+                     ">= 0.7", r.get("when", "")))
+
+
+def _sinks(rows: list) -> None:
+    r = _load("sinks")
+    if not r:
+        return
+    for fmt, row in r["sinks"].items():
+        rows.append((f"{fmt} sink vs raw client", f"{r['n']:,} rows x {r['size']} B, df.write / one stream batch",
+                     f"{row['batch']['rows_per_s']:,.0f} / {row['stream']['rows_per_s']:,.0f} rows/s",
+                     f"x{row['batch_ratio']:.2f} / x{row['stream_ratio']:.2f} rate", ">= 0.7", r.get("when", "")))
+
+
 def _others(rows: list) -> None:
     """Benchmarks added later publish a ready-made ``readme_rows`` list in their result file."""
     for path in sorted(RESULTS.glob("*.json")):
@@ -90,6 +113,8 @@ def table() -> str:
     _amqp08(rows)
     _stomp(rows)
     _malamute(rows)
+    _sources(rows)
+    _sinks(rows)
     _others(rows)
     lines = ["| what | path | spark-mq | vs peer, same run | target | measured (UTC) |",
              "|---|---|---|---|---|---|"]
