@@ -358,8 +358,10 @@ def test_concurrent_channels_from_threads(conn, unique_name):
     def worker(k):
         try:
             ch = conn.channel()
+            ch.tx_select()  # commit-ok: this thread's messages are all in the queue
             for i in range(500):
                 ch.basic_publish("", q, b"%d-%d" % (k, i))
+            ch.tx_commit()
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 

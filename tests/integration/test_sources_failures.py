@@ -159,7 +159,15 @@ def test_broker_killed_and_restarted_mid_stream(spark, rabbitmq_isolated, unique
             assert q.exception() is None, q.exception()
             time.sleep(0.5)
         time.sleep(2.0)  # a few more triggers: duplicates would show now
-        figures = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+        # The ingest may have logged every message before the kill, so the data can be complete before
+        # it has reconnected; and an idle query reports progress only every few seconds. Wait for the
+        # published figures to show the reconnect.
+        deadline = time.monotonic() + 90
+        while True:
+            figures = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+            if figures["reconnects"] >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
     finally:
         q.stop()
     rows = spark.sql("select body from amqp_broker_kill").collect()
