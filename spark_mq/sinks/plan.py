@@ -24,7 +24,7 @@ from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id
 __all__ = ["build_plan", "SPARK_OPTIONS", "COMMIT_LOG_DIR"]
 
 #: Options that Spark adds to a writer's options on its own (lower-case, as Spark passes them).
-SPARK_OPTIONS = ("checkpointlocation", "path")
+SPARK_OPTIONS = ("checkpointlocation", "path", "queryname")  # queryName(...) arrives as an option
 #: Sub-directory of a local checkpoint location used as the default commit log.
 COMMIT_LOG_DIR = "spark-mq-sink-commits"
 

@@ -352,3 +352,11 @@ def test_unpooled_session_is_closed_after_success_and_failure(fake_plan):
     assert [s.log[-1] for s in FakeSession.instances] == ["close", "close"]
     assert FakeSession.instances[1].log == ["begin", ("publish", 1), "rollback", "close"]
     assert connections.idle_count(plan.session_key()) == 0
+
+
+def test_options_spark_adds_itself_are_not_unknown_options():
+    # writeStream.queryName(...) and checkpointLocation reach the writer as options
+    plan = amqp_plan(schema(("body", BinaryType())), queryName="q1", checkpointLocation="/tmp/ckpt")
+    assert plan.columns.names == ("body",)
+    with pytest.raises(OptionError, match="notAnOption"):
+        amqp_plan(schema(("body", BinaryType())), notAnOption="x")
