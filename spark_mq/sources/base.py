@@ -178,7 +178,7 @@ class MQStreamReader(DataSourceStreamReader):
             self._wait_first(ing)
             self._last_batch_time = time.monotonic()
         if ing._available_now:
-            ing.wait_for(lambda: ing.target is not None or ing.log.head > s, _AVAILABLE_NOW_WAIT)
+            ing.wait_for(lambda: self._available_now_ready(ing, s, limit), _AVAILABLE_NOW_WAIT)
         end = ing.log.head
         if ing.target is not None:
             end = min(end, max(ing.target, s))
@@ -188,6 +188,27 @@ class MQStreamReader(DataSourceStreamReader):
             self._last_batch_time = time.monotonic()
         self._last_end = max(end, s)
         return {"offset": self._last_end}
+
+    def _available_now_ready(self, ing, s: int, limit) -> bool:
+        """availableNow plans full batches: all up to the target in one batch, as Kafka's source does,
+        or a batch as large as the read limit allows. A batch is planned early only when the
+        ingest is paused at its log bound (then what the log holds is all there will be until Spark
+        commits). Planning many small batches while the ingest is still draining would spend the
+        machine on per-batch overhead instead of on the drain."""
+        if ing.target is not None:
+            return True
+        head = ing.log.head
+        if head <= s:
+            return False
+        if ing.paused or ing.over_bound():
+            return True
+        if HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable):
+            return False
+        cap = self._max_messages()
+        if cap is not None and head - s >= cap:
+            return True
+        max_bytes = self.opts.get("maxBytesPerTrigger")
+        return max_bytes is not None and ing.log.body_bytes(s, head) >= max_bytes
 
     def _max_messages(self) -> Optional[int]:
         cap = self.opts.get("maxMessagesPerTrigger")

@@ -47,6 +47,7 @@ __all__ = ["Ingest", "content_identity", "BrokerUnavailableError"]
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
 _DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
+_STRAGGLER_WAIT = 0.1  # seconds of silence after the counted depth is reached before availableNow ends
 _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress figures
 
 
@@ -105,6 +106,11 @@ class Ingest:
         self.ack_mode = opts.get("ackMode") or "auto"
         from spark_mq.sources.base import prefetch_of
         self.prefetch = prefetch_of(opts)
+        # A group (one append, one fsync, one ack) takes at most half the prefetch where the broker
+        # waits for acks: the broker streams the other half while this group is written, and a poll
+        # never waits for deliveries the broker will not send before the ack.
+        self._group_limit = opts.fsyncMessages if self.ack_mode == "auto" else \
+            max(1, min(opts.fsyncMessages, self.prefetch // 2))
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
@@ -130,6 +136,7 @@ class Ingest:
         self.last_message = time.monotonic()
         self.first_poll_done = False
         self._target_consumed: Optional[int] = None
+        self._reached_at: Optional[float] = None
         self.target: Optional[int] = None
         self._available_now = False
         self._want_depth = False
@@ -253,7 +260,7 @@ class Ingest:
         if self.paused:
             self.paused = False
             consumer.resume()
-        msgs = consumer.poll(self.opts.fsyncMessages, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
+        msgs = consumer.poll(self._group_limit, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
         if not msgs:
             self.first_poll_done = True
             self._maybe_fix_target(consumer, quiet_ok=True)
@@ -319,7 +326,6 @@ class Ingest:
         self.wait_for(lambda: not self._want_depth or not self.connected, self.opts.connectTimeout + 5.0)
 
     def _count_target(self, consumer) -> None:
-        self._want_depth = False
         try:
             with self._consumer_lock:  # commit-mode acks use the same channel from another thread
                 depth = consumer.depth_in_order()
@@ -330,24 +336,46 @@ class Ingest:
         if depth is not None:
             self._target_consumed = self.consumed + held + depth
         with self._cond:
+            self._want_depth = False  # only now: prepare_available_now waits for the figure
             self._cond.notify_all()
 
     def _maybe_fix_target(self, consumer, quiet_ok: bool) -> None:
         if not self._available_now or self.target is not None or self._want_depth:
             return
+        now = time.monotonic()
+        silent = now - self.last_message
         reached = self._target_consumed is not None and self.consumed >= self._target_consumed
+        if reached:
+            # RabbitMQ counts deliveries still inside the broker (between queue and channel) as
+            # neither ready nor held: wait for those stragglers, briefly, before fixing the end
+            if self._reached_at is None:
+                self._reached_at = now
+            reached = silent >= _STRAGGLER_WAIT or now - self._reached_at >= self.opts.quietPeriod
         # silence means "drained" only when the broker is free to send: in commit mode it holds back
-        # once ``prefetch`` messages wait for Spark's commit. With a depth target, silence is only the
-        # fallback (messages taken by another consumer or expired), so it must last longer.
-        quiet_for = self.opts.quietPeriod * (_DEPTH_QUIET_FACTOR if self._target_consumed is not None else 1)
+        # once ``prefetch`` messages wait for Spark's commit. Where the broker can tell its queue
+        # depth, a quiet period ends the drain only when that depth is 0 too (the count taken at the
+        # start can be off by deliveries in flight inside the broker); silence with messages still
+        # ready (another consumer holds them, or they expire) ends it after a longer fallback.
         starved = self.ack_mode == "commit" and len(self._pending_acks) >= self.prefetch
-        quiet = quiet_ok and not starved and time.monotonic() - self.last_message >= quiet_for
+        quiet = False
+        if quiet_ok and not starved and silent >= self.opts.quietPeriod:
+            if self._target_consumed is None or silent >= self.opts.quietPeriod * _DEPTH_QUIET_FACTOR:
+                quiet = True
+            else:
+                quiet = self._depth_now(consumer) == 0 and consumer.buffered() == 0
         if reached or quiet:
             self.target = self.log.head
             log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,
                      "queue depth reached" if reached else "quiet period")
             with self._cond:
                 self._cond.notify_all()
+
+    def _depth_now(self, consumer) -> Optional[int]:
+        try:
+            with self._consumer_lock:
+                return consumer.depth_in_order()
+        except (SparkMqError, OSError):
+            return None
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
