@@ -192,15 +192,15 @@ class MQStreamReader(DataSourceStreamReader):
     def _available_now_ready(self, ing, s: int, limit) -> bool:
         """availableNow plans full batches: all up to the target in one batch, as Kafka's source does,
         or a batch as large as the read limit allows. A batch is planned early only when the
-        ingest is paused at its log bound (then what the log holds is all there will be until Spark
-        commits). Planning many small batches while the ingest is still draining would spend the
+        ingest is held back (paused at its log bound, or in commit mode waiting for Spark's commit):
+        then what the log holds is all there will be until Spark commits. Planning many small batches while the ingest is still draining would spend the
         machine on per-batch overhead instead of on the drain."""
         if ing.target is not None:
             return True
         head = ing.log.head
         if head <= s:
             return False
-        if ing.paused or ing.over_bound():
+        if ing.paused or ing.over_bound() or ing.starved():
             return True
         if HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable):
             return False

@@ -356,7 +356,7 @@ class Ingest:
         # depth, a quiet period ends the drain only when that depth is 0 too (the count taken at the
         # start can be off by deliveries in flight inside the broker); silence with messages still
         # ready (another consumer holds them, or they expire) ends it after a longer fallback.
-        starved = self.ack_mode == "commit" and len(self._pending_acks) >= self.prefetch
+        starved = self.starved()
         quiet = False
         if quiet_ok and not starved and silent >= self.opts.quietPeriod:
             if self._target_consumed is None or silent >= self.opts.quietPeriod * _DEPTH_QUIET_FACTOR:
@@ -369,6 +369,10 @@ class Ingest:
                      "queue depth reached" if reached else "quiet period")
             with self._cond:
                 self._cond.notify_all()
+
+    def starved(self) -> bool:
+        """Commit mode: the broker holds back, ``prefetch`` messages wait for Spark's commit."""
+        return self.ack_mode == "commit" and len(self._pending_acks) >= self.prefetch
 
     def _depth_now(self, consumer) -> Optional[int]:
         try:

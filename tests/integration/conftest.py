@@ -190,3 +190,41 @@ def unique_name(request: pytest.FixtureRequest):
 
     return make
 
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A local[2] SparkSession for the module, with the three formats registered explicitly."""
+    import os
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from spark_mq.sources.amqp08 import Amqp08DataSource
+    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.sources.stomp import StompDataSource
+
+    session = (SparkSession.builder.master("local[2]").appName("spark-mq-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.streaming.stopTimeout", "30s")
+               # a loaded 2-core CI machine can take longer than the 15 s default to start a Python worker
+               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    for ds in (Amqp08DataSource, StompDataSource, MalamuteDataSource):
+        session.dataSource.register(ds)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def malamute_broker(tmp_path):
+    """The embedded Malamute broker as a process of its own (mailboxes on disk under tmp_path)."""
+    from spark_mq.malamute_broker.testing import BrokerProcess
+
+    b = BrokerProcess(client_timeout=10.0, mailbox_dir=str(tmp_path / "mailboxes"))
+    try:
+        b.start()
+    except RuntimeError as exc:
+        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
+    yield b
+    b.stop()

@@ -7,34 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import pyarrow as pa
 import pytest
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
-from spark_mq.sources.amqp08 import Amqp08DataSource
 
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT = 180  # seconds any single query may take here
 
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-amqp08")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               # a loaded 2-core CI machine can take longer than the 15 s default to start a Python worker
-               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    session.dataSource.register(Amqp08DataSource)
-    yield session
-    session.stop()
 
 
 def publish(url: str, queue: str, count: int, *, start: int = 0, size: int = 0, props=None) -> None:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
-from spark_mq.sources.amqp08 import Amqp08DataSource
 
 pytestmark = pytest.mark.integration
 
@@ -113,19 +112,6 @@ def test_query_killed_five_times_mid_batch_loses_and_duplicates_nothing(rabbitmq
     assert len(bodies) == total, f"{len(bodies)} rows for {total} messages"
     assert bodies == sorted(f"m{i}" for i in range(total))
 
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-failures")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    session.dataSource.register(Amqp08DataSource)
-    yield session
-    session.stop()
 
 
 @pytest.mark.timeout(600)

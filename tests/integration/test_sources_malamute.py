@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import time
 
 import pytest
 
 from spark_mq.clients.malamute import MalamuteClient
-from spark_mq.malamute_broker.testing import BrokerProcess
-from spark_mq.sources.malamute import MalamuteDataSource
 
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT = 240
 
 
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-malamute")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    session.dataSource.register(MalamuteDataSource)
-    yield session
-    session.stop()
-
-
-@pytest.fixture
-def broker(tmp_path):
-    b = BrokerProcess(client_timeout=10.0, mailbox_dir=str(tmp_path / "mailboxes"))
-    try:
-        b.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
-    yield b
-    b.stop()
 
 
 def run(spark, df, name, ckpt, **trigger):
@@ -49,12 +21,12 @@ def run(spark, df, name, ckpt, **trigger):
     return q
 
 
-def test_50k_from_a_mailbox_exactly_once_with_frames(spark, broker, tmp_path):
-    with MalamuteClient(broker.endpoint, "producer", timeout=5) as producer:
+def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp_path):
+    with MalamuteClient(malamute_broker.endpoint, "producer", timeout=5) as producer:
         for i in range(50_000):
             producer.sendto("spark-in", f"subj{i % 7}", [f"m{i}".encode(), b"second"], tracker=f"t{i}")
         producer.ping()  # everything before it reached the broker
-    df = (spark.readStream.format("malamute").option("uri", broker.endpoint).option("mailbox", "spark-in")
+    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "spark-in")
           .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1").option("numPartitions", "2")
           .option("maxMessagesPerTrigger", "20000").load())
     q = run(spark, df, "mlm50k", tmp_path / "ckpt", availableNow=True)
@@ -71,8 +43,8 @@ def test_50k_from_a_mailbox_exactly_once_with_frames(spark, broker, tmp_path):
     assert max(sizes) <= 20_000, sizes
 
 
-def test_stream_with_pattern_while_running(spark, broker, tmp_path):
-    df = (spark.readStream.format("malamute").option("uri", broker.endpoint).option("stream", "weather")
+def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
+    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("stream", "weather")
           .option("pattern", "^temp").option("logLocation", str(tmp_path / "log")).load())
     q = run(spark, df, "mlm_stream", tmp_path / "ckpt", processingTime="200 milliseconds")
     try:
@@ -80,7 +52,7 @@ def test_stream_with_pattern_while_running(spark, broker, tmp_path):
         while not q.recentProgress and time.monotonic() < deadline:
             time.sleep(0.2)  # the source subscribed once the first batch was planned
         time.sleep(1.0)
-        with MalamuteClient(broker.endpoint, "", timeout=5) as producer:
+        with MalamuteClient(malamute_broker.endpoint, "", timeout=5) as producer:
             producer.set_producer("weather")
             for i in range(1000):
                 producer.send("temp.x" if i % 2 == 0 else "rain.x", f"w{i}".encode())

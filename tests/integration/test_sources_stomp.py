@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
 from spark_mq.clients.stomp import StompClient
-from spark_mq.sources.stomp import StompDataSource
 
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT = 240
 
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("spark-mq-test-sources-stomp")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    session.dataSource.register(StompDataSource)
-    yield session
-    session.stop()
 
 
 def publish(broker, destination: str, count: int, *, headers=None) -> None:

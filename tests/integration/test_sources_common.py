@@ -1,0 +1,298 @@
+"""What every source must do, checked for each format against its real broker: amqp08 and stomp on
+RabbitMQ, malamute on the embedded broker (a process of its own).
+
+Read limits with several partitions and order within a partition, headers, minMessagesPerTrigger
+with maxTriggerDelay, back-pressure at the log bound, and a lost log with and without
+failOnDataLoss. Every query has a timeout; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_mq.clients.amqp08 import BasicProperties, Connection
+from spark_mq.clients.malamute import MalamuteClient
+from spark_mq.clients.stomp import StompClient
+
+pytestmark = pytest.mark.integration
+
+QUERY_TIMEOUT = 240
+
+
+class Amqp:
+    fmt = "amqp08"
+    has_headers = True
+
+    def __init__(self, broker, unique_name) -> None:
+        self.url = broker.url("amqp")
+        self._name = unique_name
+
+    def new_destination(self) -> str:
+        return self._name("common")
+
+    def options(self, dest: str) -> dict:
+        return {"uri": self.url, "queue": dest}
+
+    def publish(self, dest: str, start: int, count: int) -> None:
+        with Connection.from_url(self.url) as conn:
+            ch = conn.channel()
+            ch.queue_declare(dest, durable=True)
+            ch.publish_many(("", dest, f"m{i}".encode(),
+                             BasicProperties(message_id=f"id{i}", delivery_mode=2, headers={"n": str(i)}))
+                            for i in range(start, start + count))
+            ch.queue_declare(dest, passive=True)  # a round trip: everything before it reached the broker
+
+
+class Stomp:
+    fmt = "stomp"
+    has_headers = True
+
+    def __init__(self, broker, unique_name) -> None:
+        self.url = broker.url("stomp")
+        self._name = unique_name
+
+    def new_destination(self) -> str:
+        return "/queue/" + self._name("common")
+
+    def options(self, dest: str) -> dict:
+        return {"uri": self.url, "destination": dest}
+
+    def publish(self, dest: str, start: int, count: int) -> None:
+        with StompClient.from_uri(self.url) as client:
+            for i in range(start, start + count):
+                client.send(dest, f"m{i}".encode(), headers={"n": str(i)})
+            client.flush()
+
+
+class Malamute:
+    fmt = "malamute"
+    has_headers = False  # Malamute messages carry frames, subject and tracker, no header map
+
+    def __init__(self, broker, unique_name) -> None:
+        self.endpoint = broker.endpoint
+        self._name = unique_name
+
+    def new_destination(self) -> str:
+        return self._name("common")
+
+    def options(self, dest: str) -> dict:
+        return {"uri": self.endpoint, "mailbox": dest}
+
+    def publish(self, dest: str, start: int, count: int) -> None:
+        with MalamuteClient(self.endpoint, "", timeout=5) as producer:
+            for i in range(start, start + count):
+                producer.sendto(dest, "s", f"m{i}".encode(), tracker=f"t{i}")
+            producer.ping()  # everything before it reached the broker
+
+
+@pytest.fixture(params=["amqp08", "stomp", "malamute"])
+def src(request, unique_name):
+    if request.param == "malamute":
+        return Malamute(request.getfixturevalue("malamute_broker"), unique_name)
+    broker = request.getfixturevalue("rabbitmq")
+    return (Amqp if request.param == "amqp08" else Stomp)(broker, unique_name)
+
+
+def reader(spark, src, dest, log, **opts):
+    r = spark.readStream.format(src.fmt).option("logLocation", str(log)).option("quietPeriod", "0.5")
+    for k, v in {**src.options(dest), **opts}.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def finish(q, name: str):
+    """Wait for the query to end; a failure is left in ``q.exception()`` for the test to check."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        done = q.awaitTermination(QUERY_TIMEOUT)
+    except StreamingQueryException:
+        done = True
+    if not done:
+        q.stop()
+        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
+    return q
+
+
+def figures_of(progress: dict) -> dict:
+    value = progress["sources"][0]["latestOffset"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_read_limit_partitions_order_and_headers(spark, src, tmp_path):
+    dest = src.new_destination()
+    src.publish(dest, 0, 3000)
+    batches: dict = {}
+
+    def collect(batch_df, batch_id):
+        batches[batch_id] = batch_df.rdd.mapPartitions(
+            lambda it: [[(r.offset, r.body, dict(r.headers or {})) for r in it]]).collect()
+
+    df = reader(spark, src, dest, tmp_path / "log", maxMessagesPerTrigger=1000, numPartitions=3)
+    q = finish(df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+               .trigger(availableNow=True).start(), "limits")
+    assert q.exception() is None, q.exception()
+    sizes = [sum(len(p) for p in parts) for _, parts in sorted(batches.items())]
+    sizes = [n for n in sizes if n]
+    assert sum(sizes) == 3000 and max(sizes) <= 1000 and len(sizes) >= 3, sizes
+    rows = [row for parts in batches.values() for part in parts for row in part]
+    assert sorted(o for o, _, _ in rows) == list(range(3000))  # each message exactly once
+    assert sorted(b for _, b, _ in rows) == sorted(f"m{i}".encode() for i in range(3000))
+    for batch_id, parts in batches.items():
+        nonempty = [p for p in parts if p]
+        if sum(len(p) for p in nonempty) >= 3:
+            assert len(nonempty) == 3, f"batch {batch_id} not split in 3 partitions"
+        for part in nonempty:
+            offsets = [o for o, _, _ in part]
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+            # one producer: the broker's order is the publish order, and the log keeps it
+            numbers = [int(b[1:]) for _, b, _ in part]
+            assert numbers == sorted(numbers)
+            if src.has_headers:
+                assert all(h.get("n") == b[1:].decode() for _, b, h in part)
+
+
+def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
+    dest = src.new_destination()
+    src.publish(dest, 0, 0)  # declares the AMQP queue
+    df = reader(spark, src, dest, tmp_path / "log", minMessagesPerTrigger=50, maxTriggerDelay="8s")
+    name = f"minmsg_{src.fmt}"
+    started = time.monotonic()
+    q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="300 milliseconds").start())
+
+    def rows_after(n: int, limit: float) -> float:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            if spark.sql(f"select count(*) from {name}").collect()[0][0] >= n:
+                return time.monotonic()
+            time.sleep(0.2)
+        pytest.fail(f"{n} rows did not arrive within {limit}s")
+
+    try:
+        src.publish(dest, 0, 10)  # fewer than the minimum: held until maxTriggerDelay has passed
+        first = rows_after(10, 90)
+        assert first - started >= 7.5, f"a batch of 10 < minMessagesPerTrigger came after {first - started:.1f}s"
+        published = time.monotonic()
+        src.publish(dest, 10, 60)  # the minimum is met: the next trigger takes them, without the delay
+        second = rows_after(70, 90)
+        assert second - published < 8.0, f"a batch over the minimum waited {second - published:.1f}s"
+        sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+        assert sizes == [10, 60], sizes
+    finally:
+        q.stop()
+
+
+def test_ingest_pauses_at_the_log_bound_and_resumes_after_commit(src, tmp_path):
+    """Back-pressure, on the ingest itself (the driver-side half of the source) against the broker:
+    the log never holds more than the bound plus one group; the rest waits in the broker (AMQP,
+    STOMP: prefetch; Malamute: the unread socket) until Spark commits."""
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.ingest import Ingest
+
+    dest = src.new_destination()
+    src.publish(dest, 0, 2000)
+    opts = parse_options({**src.options(dest), "logLocation": str(tmp_path / "log"), "prefetch": "200",
+                          "maxUncommittedMessages": "400", "fsyncMessages": "100"},
+                         format=src.fmt, direction=SOURCE)
+    connect = importlib.import_module(f"spark_mq.sources.{src.fmt}").connect_consumer
+    ing = Ingest(src.fmt, opts, lambda attempt: connect(opts, attempt))
+    ing.start()
+    try:
+        assert ing.wait_for(lambda: ing.paused, 60), f"never paused; log head {ing.log.head}"
+        time.sleep(1.0)
+        held = ing.log.head
+        assert 400 <= held <= 500, held           # bound 400, plus at most one group of 100
+        assert ing.figures()["paused"] is True
+        time.sleep(1.0)
+        assert ing.log.head == held                # nothing more while paused
+        committed = 0
+        bodies: list = []
+        deadline = time.monotonic() + 120
+        while committed < 2000 and time.monotonic() < deadline:
+            ing.check()
+            head = ing.log.head
+            assert head - committed <= 500, (head, committed)
+            if head > committed:                   # as Spark would, batch by batch: read, then commit
+                bodies += [b for batch in ing.log.read(committed, head) for b in batch.column("body").to_pylist()]
+                ing.commit(head)
+                committed = head
+            time.sleep(0.05)
+        assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(2000))  # each exactly once
+        assert ing.consumed == 2000 and ing.duplicates == 0
+    finally:
+        ing.stop()
+
+
+def _fail_batch_one(marker: Path):
+    def run(batch_df, batch_id):
+        if batch_id == 1 and not marker.exists():
+            marker.write_text("failed once")
+            raise RuntimeError("sink failure on batch 1 (test)")
+        batch_df.count()
+    return run
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_lost_log_segments_of_a_batch_to_replay(spark, rabbitmq, unique_name, tmp_path, fail_on_data_loss):
+    """The sink fails batch 1 (offsets/1 written, commits/1 not); the log's segments are then deleted.
+    The restart must replay batch 1 from the log: it fails naming the batch and the location, or
+    with failOnDataLoss=false skips the lost offsets and carries on."""
+    src = Amqp(rabbitmq, unique_name)
+    dest = src.new_destination()
+    src.publish(dest, 0, 300)
+    log, ckpt = tmp_path / "log", tmp_path / "ckpt"
+    opts = {"maxMessagesPerTrigger": 100, "failOnDataLoss": str(fail_on_data_loss).lower()}
+    q = finish(reader(spark, src, dest, log, **opts).writeStream.foreachBatch(_fail_batch_one(tmp_path / "m"))
+               .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(), "first")
+    assert q.exception() is not None and "sink failure on batch 1" in str(q.exception())
+    assert (ckpt / "offsets" / "1").exists() and not (ckpt / "commits" / "1").exists()
+    for seg in log.glob("seg-*"):
+        seg.unlink()
+    got: list = []
+
+    def keep(batch_df, batch_id):
+        got.extend((r.offset, r.body) for r in batch_df.select("offset", "body").collect())
+
+    q = finish(reader(spark, src, dest, log, **opts).writeStream.foreachBatch(keep)
+               .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(), "restart")
+    if fail_on_data_loss:
+        error = str(q.exception())
+        assert "micro-batch 1" in error and "[100, 200)" in error and str(log) in error, error
+        assert "failOnDataLoss=false" in error
+        assert got == []
+    else:
+        assert q.exception() is None, q.exception()
+        assert got == []  # the lost offsets are skipped; the rest was acked and went with the log
+        src.publish(dest, 300, 50)
+        q = finish(reader(spark, src, dest, log, **opts).writeStream.foreachBatch(keep)
+                   .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(), "after")
+        assert q.exception() is None, q.exception()
+        # the log continues after the last planned offset, 200: the lost [200, 300) never return
+        assert sorted(got) == [(200 + i, f"m{300 + i}".encode()) for i in range(50)]
+
+
+def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, unique_name, tmp_path):
+    secret = "s3cr3t-pw-" + unique_name("x")
+    bad = f"amqp://guest:{secret}@127.0.0.1:1/%2F"  # nothing listens on port 1
+    df = (spark.readStream.format("amqp08").option("uri", bad).option("queue", "q")
+          .option("password", secret).option("logLocation", str(tmp_path / "log"))
+          .option("connectTimeout", "1").option("brokerTimeout", "2").option("reconnectMaxDelay", "0.2").load())
+    plans = df._jdf.queryExecution().toString()
+    assert secret not in plans
+    q = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        finish(q, "secrets")
+        error = str(q.exception())
+        assert "broker unreachable" in error, error
+        assert secret not in error
+        assert secret not in json.dumps(q.recentProgress)
+        assert secret not in q._jsq.toString()
+    finally:
+        q.stop()
