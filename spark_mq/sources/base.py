@@ -186,7 +186,10 @@ class MQStreamReader(DataSourceStreamReader):
             end = self._apply_limits(ing, s, end)
         if end > s:
             self._last_batch_time = time.monotonic()
+            if s > ing.committed:
+                ing.commit_expected = max(ing.commit_expected, s)  # planning this batch commits the last
         self._last_end = max(end, s)
+        ing.planned_end = max(ing.planned_end, self._last_end)
         return {"offset": self._last_end}
 
     def _available_now_ready(self, ing, s: int, limit) -> bool:
@@ -200,7 +203,7 @@ class MQStreamReader(DataSourceStreamReader):
         head = ing.log.head
         if head <= s:
             return False
-        if ing.paused or ing.over_bound() or ing.starved():
+        if ing.paused or ing.over_bound() or ing.starved() or ing.waiting_for_commit():
             return True
         if HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable):
             return False

@@ -137,6 +137,8 @@ class Ingest:
         self.first_poll_done = False
         self._target_consumed: Optional[int] = None
         self._reached_at: Optional[float] = None
+        self.commit_expected = 0               # commit mode: Spark is about to commit this offset
+        self.planned_end = 0                   # the highest end offset handed to Spark
         self.target: Optional[int] = None
         self._available_now = False
         self._want_depth = False
@@ -162,14 +164,19 @@ class Ingest:
             raise self.error
 
     def _load_identities(self) -> None:
-        """Identities of every message still in the log (a restart must recognise their redeliveries)."""
+        """Identities of every message still in the log (a restart must recognise their redeliveries).
+        Whether the broker's message ids are stable is known only once connected (STOMP on RabbitMQ:
+        they change per session), so both the id and the content identity are kept."""
         head, tail = self.log.head, self.log.tail
         if head == tail:
             return
+        add = self._dedup.add
         for batch in self.log.read(tail, head):
-            cols = batch.to_pydict()
+            cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
-                self._dedup.add(self._identity_of(body, mid, headers), offset)
+                if mid is not None:
+                    add(mid, offset)
+                add(content_identity(body, headers), offset)
 
     def _identity_of(self, body, message_id, headers) -> str:
         return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
@@ -357,8 +364,14 @@ class Ingest:
         # start can be off by deliveries in flight inside the broker); silence with messages still
         # ready (another consumer holds them, or they expire) ends it after a longer fallback.
         starved = self.starved()
+        # commit mode: while messages wait for acks, silence may only mean the broker holds the rest
+        # back (prefetch; ActiveMQ also before the prefetch is full). Acks come with Spark's commits,
+        # which come as batches are planned: not quiet while the log holds unplanned messages (a
+        # batch will be planned) or a planned batch's commit of the one before has not come yet.
+        commit_due = self.ack_mode == "commit" and (self.log.head > self.planned_end or
+                                                    self.committed < self.commit_expected)
         quiet = False
-        if quiet_ok and not starved and silent >= self.opts.quietPeriod:
+        if quiet_ok and not starved and not commit_due and silent >= self.opts.quietPeriod:
             if self._target_consumed is None or silent >= self.opts.quietPeriod * _DEPTH_QUIET_FACTOR:
                 quiet = True
             else:
@@ -373,6 +386,13 @@ class Ingest:
     def starved(self) -> bool:
         """Commit mode: the broker holds back, ``prefetch`` messages wait for Spark's commit."""
         return self.ack_mode == "commit" and len(self._pending_acks) >= self.prefetch
+
+    def waiting_for_commit(self) -> bool:
+        """Commit mode: deliveries stopped for half the quiet period while acks wait for Spark's
+        commit; the broker may be holding more back until then (ActiveMQ does, before the prefetch
+        is full), so the next batch should be planned now, and its planning commits the last."""
+        return self.ack_mode == "commit" and bool(self._pending_acks) and \
+            time.monotonic() - self.last_message >= self.opts.quietPeriod / 2
 
     def _depth_now(self, consumer) -> Optional[int]:
         try:
@@ -421,6 +441,9 @@ class Ingest:
                 return
             try:
                 consumer.ack_commit(token)
+                # the broker may have held deliveries back for these acks (prefetch, or ActiveMQ's
+                # paging): silence counts from now when deciding whether the queue is drained
+                self.last_message = time.monotonic()
             except (SparkMqError, OSError) as exc:
                 # the broker redelivers them; the log recognises and drops the duplicates
                 log.warning("%s source: commit ack failed (%s); the messages will be redelivered", self.fmt, exc)

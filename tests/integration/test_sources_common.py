@@ -296,3 +296,26 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, unique_n
         assert secret not in q._jsq.toString()
     finally:
         q.stop()
+
+
+@pytest.mark.parametrize("fmt", ["amqp08", "stomp"])
+def test_tls_by_options(spark, rabbitmq, unique_name, tmp_path, fmt):
+    """TLS from options alone (the scheme's port, tlsCaFile); a broker certificate the client cannot
+    verify fails the query within brokerTimeout, naming the cause."""
+    src = (Amqp if fmt == "amqp08" else Stomp)(rabbitmq, unique_name)
+    dest = src.new_destination()
+    src.publish(dest, 0, 200)
+    tls_uri = rabbitmq.url("amqps" if fmt == "amqp08" else "stomp+ssl")
+    opts = {**src.options(dest), "uri": tls_uri, "tls": "true"}
+    df = reader(spark, src, dest, tmp_path / "log", **opts, tlsCaFile=rabbitmq.tls_ca_file)
+    q = finish(df.writeStream.format("memory").queryName(f"tls_{fmt}")
+               .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start(), "tls")
+    assert q.exception() is None, q.exception()
+    bodies = [r.body for r in spark.sql(f"select body from tls_{fmt}").collect()]
+    assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(200))
+    # no CA given: the self-signed certificate is not trusted
+    df = reader(spark, src, dest, tmp_path / "log2", **opts, brokerTimeout="3", reconnectMaxDelay="0.5")
+    q = finish(df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt2"))
+               .trigger(availableNow=True).start(), "untrusted")
+    error = str(q.exception())
+    assert "broker unreachable" in error and "CERTIFICATE_VERIFY_FAILED" in error.upper().replace(" ", "_"), error

@@ -69,3 +69,38 @@ def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
     assert len(rows) == 500
     assert all(r.subject == "temp.x" for r in rows)
     assert sorted(r.body for r in rows) == sorted(f"w{i}".encode() for i in range(0, 1000, 2))
+
+
+def test_service_worker_takes_queued_and_live_requests(spark, malamute_broker, tmp_path):
+    """option service: the source offers itself as a worker (SERVICE-OFFER with a pattern); requests
+    queued at the broker before it came, and those sent while it runs, all arrive once."""
+    with MalamuteClient(malamute_broker.endpoint, "requester", timeout=5) as requester:
+        for i in range(300):
+            requester.sendfor("resize", "job.small" if i % 3 else "other.big", f"r{i}".encode(), tracker=f"t{i}")
+        requester.ping()
+        df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint)
+              .option("service", "resize").option("pattern", "^job\\.").option("logLocation", str(tmp_path / "log"))
+              .option("quietPeriod", "0.5").load())
+        q = run(spark, df, "mlm_service", tmp_path / "ckpt", processingTime="200 milliseconds")
+        try:
+            expected = [f"r{i}".encode() for i in range(300) if i % 3]
+            deadline = time.monotonic() + QUERY_TIMEOUT
+            while time.monotonic() < deadline:
+                assert q.exception() is None, q.exception()
+                if spark.sql("select count(*) from mlm_service").collect()[0][0] >= len(expected):
+                    break
+                time.sleep(0.3)
+            for i in range(300, 400):
+                requester.sendfor("resize", "job.live", f"r{i}".encode())
+            requester.ping()
+            expected += [f"r{i}".encode() for i in range(300, 400)]
+            while time.monotonic() < deadline:
+                if spark.sql("select count(*) from mlm_service").collect()[0][0] >= len(expected):
+                    break
+                time.sleep(0.3)
+            time.sleep(1.0)  # nothing more (e.g. duplicates) arrives
+        finally:
+            q.stop()
+    rows = spark.sql("select body, subject, sender, address, destination from mlm_service").collect()
+    assert sorted(r.body for r in rows) == sorted(expected)
+    assert all(r.subject.startswith("job.") and r.sender == "requester" and r.destination == "resize" for r in rows)
