@@ -21,7 +21,10 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"== {name} ==", flush=True)
         importlib.import_module(f"bench.{name}").main(rest)
-    return 0
+    # the README's table, docs/benchmarks.md and its plots follow the result files just written
+    from bench import plots, report
+    report.main([])
+    return plots.main([])
 
 
 if __name__ == "__main__":

@@ -170,10 +170,14 @@ def memory_run(spark, amqp_url: str, n: int) -> dict:
     samples: list[float] = []
     stop = threading.Event()
 
+    times: list[float] = []
+    t0 = time.monotonic()
+
     def sample():
         while not stop.is_set():
             for pid in _reader_pids():
                 samples.append(_rss_mib(pid))
+                times.append(time.monotonic() - t0)
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -189,7 +193,9 @@ def memory_run(spark, amqp_url: str, n: int) -> dict:
     return {"messages": n, "rows": got, "seconds": seconds, "bound_messages": MEMORY_BOUND,
             "reader_rss_mib_max": max(samples) if samples else None,
             "reader_rss_mib_first": samples[0] if samples else None,
-            "reader_rss_mib_quarters": quarters, "samples": len(samples)}
+            "reader_rss_mib_quarters": quarters, "samples": len(samples),
+            "reader_rss_series": [(round(times[i], 1), round(samples[i], 1))
+                                  for i in range(0, len(samples), max(1, len(samples) // 300))]}
 
 
 def main(argv: list[str]) -> dict:

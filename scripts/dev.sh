@@ -138,6 +138,11 @@ case "$verb" in
     exec "$VENV/bin/python" -m spark_mq.demo "$@" </dev/null ;;
   bench)
     setup_java; setup_python; setup_brokers
+    if ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
+      log "installing the bench extra (matplotlib, for the plots) into $VENV"
+      "$VENV/bin/python" -m pip install -q -e ".[bench]" </dev/null >>"$VENV/pip-install.log" 2>&1 ||
+        die "pip install -e .[bench] failed (log: $VENV/pip-install.log)"
+    fi
     exec "$VENV/bin/python" -m bench "$@" </dev/null ;;
   dist)
     # dist/: the wheel (pip install) and spark_mq-<version>-py-files.zip (spark-submit --py-files)

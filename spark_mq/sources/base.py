@@ -336,6 +336,14 @@ class MQBatchReader(DataSourceReader):
                 for msg in msgs:
                     rows.append(consumer.row(msg, len(rows), now_us))
                 got.extend(msgs)
+            if not getattr(consumer, "returns_unacked", True):
+                # Malamute: what the client already holds is gone from the broker, and closing
+                # would lose it; it is read too, past maxMessages if need be
+                while True:
+                    msgs = consumer.poll(opts.fsyncMessages, 0.05)
+                    if not msgs:
+                        break
+                    rows.extend(consumer.row(msg, len(rows), now_us) for msg in msgs)
             batch = S.build_batch(self.fmt, rows)
             n = max(1, min(opts.get("numPartitions") or 1, len(rows) or 1))
             bounds = [(len(rows) * i) // n for i in range(n + 1)]

@@ -41,6 +41,7 @@ def validate(opts: Options) -> None:
 
 class MalamuteConsumer:
     stable_ids = False  # no redeliveries in Malamute; trackers are not unique
+    returns_unacked = False  # closing loses what the client holds: batch reads take it all
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts

@@ -51,3 +51,13 @@ def test_readme_performance_table_matches_latest_results():
     result = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_benchmark_page_and_plots_match_latest_results():
+    """docs/benchmarks.md shows the figures of bench/results, and each PNG it embeds was drawn from them."""
+    result = subprocess.run([sys.executable, "-m", "bench.plots", "--check"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name in ("clients.png", "sources.png", "sinks.png"):
+        assert f"(bench/{name})" in page
