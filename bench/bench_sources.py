@@ -7,7 +7,7 @@ acking) them; preload N again, time a ``trigger(availableNow=True)`` query from 
 small log bound, sampling the RSS of the driver-side reader process (the one running the ingest):
 memory must follow the bound, not the message count.
 
-    python -m bench sources                 # ~6 minutes: N=200,000 (100 B), 50,000 (4 KiB), 200,000 for memory
+    python -m bench sources                 # ~6 minutes: N=200,000 (100 B), 100,000 (4 KiB), 200,000 for memory
     python -m bench sources --memory=2000000
     python -m bench sources --only=stomp --memory=0
 
@@ -18,6 +18,7 @@ worker (costs of the first query in a Spark session, not of the source).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -29,7 +30,7 @@ from bench.common import harness, write_results
 SIZES = {"100B": 100, "4KiB": 4096}
 # Large enough that Spark's fixed cost of starting a query (~2-3 s here: the reader process, planning)
 # does not swamp the comparison with a raw client that needs no start-up at all.
-COUNTS = {"100B": 200_000, "4KiB": 50_000}
+COUNTS = {"100B": 200_000, "4KiB": 100_000}
 WARMUP = 2_000
 MEMORY_MESSAGES = 200_000
 MEMORY_BOUND = 20_000  # maxUncommittedMessages of the memory run
@@ -53,7 +54,11 @@ def amqp_preload(url, queue, n, size):
         ch.queue_declare(queue, durable=True)
         props = BasicProperties(delivery_mode=2)
         ch.publish_many(("", queue, body, props) for _ in range(n))
-        ch.queue_declare(queue, passive=True)
+        # RabbitMQ counts a publish once its queue process has taken it, which lags the publisher:
+        # wait until all n are queued, or the drain would (rightly) stop at what was there when it began
+        deadline = time.monotonic() + 600
+        while ch.queue_declare(queue, passive=True).message_count < n and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def amqp_raw(url, queue, n):
@@ -120,10 +125,17 @@ def mlm_raw(endpoint, mailbox, n):
 # -- the source through Spark -------------------------------------------------------------------
 
 def run_source(spark, fmt, options, logdir):
+    try:
+        return _run_source(spark, fmt, options, logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)  # hundreds of MB per run: the final batch is never committed
+
+
+def _run_source(spark, fmt, options, logdir):
     r = spark.readStream.format(fmt).option("logLocation", logdir).option("quietPeriod", "0.5")
     for k, v in options.items():
         r = r.option(k, v)
-    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-", dir=os.path.dirname(logdir))
     t0 = time.perf_counter()
     q = r.load().writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     q.awaitTermination(600)

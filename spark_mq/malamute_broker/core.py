@@ -126,6 +126,11 @@ class BrokerCore:
         self.streams: dict[str, Stream] = {}
         self.services: dict[str, Service] = {}
         self.mailboxes: dict[str, deque] = {}
+        # Mailboxes and services whose owner/worker is connected but whose ZeroMQ queue was full
+        # (ROUTER_MANDATORY: EAGAIN, nothing sent): their messages wait here and are retried by
+        # retry_backlog(), which the server calls often while this is non-empty.
+        self.backlog_mailboxes: set[str] = set()
+        self.backlog_services: set[str] = set()
         self.stats = {"malformed": 0, "dropped": 0, "expired_clients": 0, "expired_messages": 0,
                       "unroutable": 0}
         self._handlers = {
@@ -337,7 +342,9 @@ class BrokerCore:
         deadline = now + msg.timeout / 1000.0 if msg.timeout else None
         entry = Stored(header, list(msg.content), b"", deadline)
         owners = self.by_address.get(msg.address)
-        if owners and self._deliver(owners[-1], [header, *entry.content], entry):
+        box = self.mailboxes.get(msg.address)
+        # mail already waiting goes first: a new message joins the queue behind it
+        if owners and not box and self._deliver(owners[-1], [header, *entry.content], entry):
             return
         box = self.mailboxes.setdefault(msg.address, deque())
         if len(box) >= self.limits.max_mailbox:
@@ -346,6 +353,8 @@ class BrokerCore:
         if self.store is not None:
             entry.seq = self.store.append(msg.address, header, entry.content)
         box.append(entry)
+        if owners:
+            self.backlog_mailboxes.add(msg.address)
 
     def _flush_mailbox(self, address: str) -> None:
         box = self.mailboxes.get(address)
@@ -353,10 +362,22 @@ class BrokerCore:
         while box and owners:
             entry = box[0]
             if not self._deliver(owners[-1], [entry.header, *entry.content], entry):
-                break
+                self.backlog_mailboxes.add(address)  # the client's queue is full: retried later
+                return
             box.popleft()
+        self.backlog_mailboxes.discard(address)
         if box is not None and not box:
             del self.mailboxes[address]
+
+    def retry_backlog(self) -> None:
+        """Deliver what waited for a full client queue (see ``backlog_mailboxes``), in order."""
+        for address in list(self.backlog_mailboxes):
+            self._flush_mailbox(address)
+        for name in list(self.backlog_services):
+            self.backlog_services.discard(name)
+            service = self.services.get(name)
+            if service is not None and service.queue:
+                self._redispatch(service)
 
     # ------------------------------------------------------------ services
 
@@ -367,12 +388,14 @@ class BrokerCore:
         service = self.services.get(msg.address)
         if service is None:
             service = self.services[msg.address] = Service(msg.address)
-        if self._dispatch(service, entry):
+        if not service.queue and self._dispatch(service, entry):
             return
         if len(service.queue) >= self.limits.max_service_queue:
             self.stats["dropped"] += 1
             return
         service.queue.append(entry)
+        if service.offers:
+            self.backlog_services.add(service.name)
 
     def _dispatch(self, service: Service, entry: Stored) -> bool:
         offers = service.offers
@@ -382,7 +405,23 @@ class BrokerCore:
                 offers.append(offer)  # round robin
                 if self._deliver(offer.client, [entry.header, *entry.content], None):
                     return True
+                self._full = True
         return False
+
+    _full = False  # set by _dispatch when a matching worker's queue was full
+
+    def _redispatch(self, service: Service) -> None:
+        """Offer the queued requests again, in order; stop at the first full worker queue."""
+        waiting = list(service.queue)
+        service.queue.clear()
+        for i, entry in enumerate(waiting):
+            self._full = False
+            if not self._dispatch(service, entry):
+                service.queue.append(entry)
+                if self._full:
+                    service.queue.extend(waiting[i + 1:])
+                    self.backlog_services.add(service.name)
+                    return
 
     def _service_offer(self, rid, client: Client, msg: codec.ServiceOffer, now) -> None:
         matcher = self._compile(rid, msg.pattern)
@@ -396,11 +435,7 @@ class BrokerCore:
         client.offers.append(offer)
         self.send(rid, _OK)
         if service.queue:
-            waiting = list(service.queue)
-            service.queue.clear()
-            for entry in waiting:
-                if not self._dispatch(service, entry):
-                    service.queue.append(entry)
+            self._redispatch(service)
 
     # ------------------------------------------------------------ credit and confirm
 

@@ -27,6 +27,7 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:9999"
 _DRAIN_BATCH = 4096
 _TICK_INTERVAL = 1.0
 _POLL_MS = 250
+_BACKLOG_POLL_MS = 5  # while mail waits for a full client queue, retry this often
 
 
 class Broker:
@@ -172,9 +173,13 @@ class Broker:
         clock = time.monotonic
         next_tick = clock() + _TICK_INTERVAL
         stop = self._stop
+        core = self.core
         while not stop.is_set():
-            poller.poll(_POLL_MS)
+            backlog = core.backlog_mailboxes or core.backlog_services
+            poller.poll(_BACKLOG_POLL_MS if backlog else _POLL_MS)
             now = clock()
+            if backlog:
+                core.retry_backlog()  # clients whose queue was full may have room again
             for _ in range(_DRAIN_BATCH):
                 try:
                     frames = recv(noblock)

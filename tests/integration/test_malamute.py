@@ -16,7 +16,7 @@ import zmq
 
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.errors import LocalProtocolError
-from spark_mq.malamute_broker.testing import BrokerProcess
+from spark_mq.malamute_broker.testing import BrokerProcess, free_tcp_port
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
 
@@ -330,3 +330,33 @@ def test_broker_refused_request_raises_broker_error(malamute_broker):
     with MalamuteClient(malamute_broker.endpoint, "x", timeout=5) as client:
         with pytest.raises(MalamuteBrokerError):
             client._request(lambda p, now: p._request(codec.ConnectionOpen("x")), "CONNECTION-OPEN")
+
+
+def test_mailbox_larger_than_both_high_water_marks_arrives_whole_and_in_order():
+    """5,000 stored mails for a client whose ZeroMQ queues hold a few hundred (broker SNDHWM 200, the
+    reader a raw DEALER with RCVHWM 200 that does not read at first): the broker must neither drop
+    what does not fit nor leave it until a reconnect."""
+    from spark_mq.malamute_broker.server import serve
+
+    port = free_tcp_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    broker = serve([endpoint], hwm=200, client_timeout=30.0)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        with MalamuteClient(endpoint, "", timeout=5) as sender:
+            for i in range(5000):
+                sender.sendto("big", "s", f"m{i}".encode())
+            sender.ping()
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.RCVHWM, 200)
+        raw.setsockopt(zmq.RCVTIMEO, 10_000)
+        raw.connect(endpoint)
+        raw.send_multipart(codec.encode(codec.ConnectionOpen("big")))
+        time.sleep(1.0)  # not reading: both queues fill, the broker meets EAGAIN
+        assert broker.stats["unroutable"] > 0
+        assert codec.decode(raw.recv_multipart()) == codec.Ok()
+        got = [codec.decode(raw.recv_multipart()).content[0] for _ in range(5000)]
+        assert got == [f"m{i}".encode() for i in range(5000)]
+    finally:
+        raw.close(0)
+        broker.stop()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
+from spark_mq.clients.stomp import StompClient
 
 pytestmark = pytest.mark.integration
 
@@ -114,22 +115,35 @@ def test_query_killed_five_times_mid_batch_loses_and_duplicates_nothing(rabbitmq
 
 
 
+def _publish_persistent(broker, fmt: str, dest: str, total: int) -> None:
+    if fmt == "amqp08":
+        publish(broker.url("amqp"), dest, total)
+    else:
+        with StompClient.from_uri(broker.url("stomp")) as client:
+            for i in range(total):
+                client.send(dest, f"m{i}".encode(), headers={"persistent": "true"})
+            client.flush()
+    if hasattr(broker, "sync"):
+        broker.sync()  # RabbitMQ: the queue's declaration on disk before the kill
+
+
 @pytest.mark.timeout(600)
-def test_broker_killed_and_restarted_mid_stream(spark, rabbitmq_isolated, unique_name, tmp_path):
-    broker = rabbitmq_isolated()
-    url = broker.url("amqp")
-    queue = unique_name("src")
+@pytest.mark.parametrize("fmt,kind", [("amqp08", "rabbitmq"), ("stomp", "rabbitmq"), ("stomp", "activemq")])
+def test_broker_killed_and_restarted_mid_stream(spark, request, unique_name, tmp_path, fmt, kind):
+    broker = request.getfixturevalue(f"{kind}_isolated")()
+    dest = unique_name("src") if fmt == "amqp08" else "/queue/" + unique_name("src")
     total = 10_000
-    publish(url, queue, total)
-    broker.sync()
-    df = (spark.readStream.format("amqp08").option("uri", url).option("queue", queue)
-          .option("logLocation", str(tmp_path / "log")).option("maxMessagesPerTrigger", "400")
-          .option("reconnectDelay", "0.2").option("reconnectMaxDelay", "1").load())
-    q = (df.select("offset", "body").writeStream.format("memory").queryName("amqp_broker_kill")
+    _publish_persistent(broker, fmt, dest, total)
+    r = (spark.readStream.format(fmt).option("uri", broker.url("amqp" if fmt == "amqp08" else "stomp"))
+         .option("queue" if fmt == "amqp08" else "destination", dest)
+         .option("logLocation", str(tmp_path / "log")).option("maxMessagesPerTrigger", "400")
+         .option("reconnectDelay", "0.2").option("reconnectMaxDelay", "1"))
+    name = f"broker_kill_{fmt}_{kind}"
+    q = (r.load().select("offset", "body").writeStream.format("memory").queryName(name)
          .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="100 milliseconds").start())
 
     def count() -> int:
-        return spark.sql("select count(*) from amqp_broker_kill").collect()[0][0]
+        return spark.sql(f"select count(*) from {name}").collect()[0][0]
 
     try:
         deadline = time.monotonic() + 120
@@ -156,6 +170,6 @@ def test_broker_killed_and_restarted_mid_stream(spark, rabbitmq_isolated, unique
             time.sleep(1.0)
     finally:
         q.stop()
-    rows = spark.sql("select body from amqp_broker_kill").collect()
+    rows = spark.sql(f"select body from {name}").collect()
     assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(total))
     assert figures["reconnects"] >= 1

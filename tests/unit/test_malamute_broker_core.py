@@ -147,6 +147,46 @@ def test_unreachable_owner_keeps_the_mail():
     assert out[1][1].subject == "kept"
 
 
+def test_full_client_queue_keeps_mail_in_order_and_retries_while_connected():
+    """ROUTER_MANDATORY gives EAGAIN when a connected client's queue is full: the mail stays in the
+    mailbox, new mail queues behind it, and retry_backlog() delivers all of it in order once the
+    client has room, without the client reconnecting."""
+    net = Net()
+    net.open(b"S", "s")
+    net.open(b"B", "bob")
+    net.do(b"S", codec.MailboxSend("bob", "m0"))
+    net.down.add(b"B")  # bob's queue is full
+    for i in range(1, 4):
+        assert net.do(b"S", codec.MailboxSend("bob", f"m{i}")) == []
+    assert net.core.backlog_mailboxes == {"bob"}
+    net.core.retry_backlog()
+    assert net.core.backlog_mailboxes == {"bob"}  # still full
+    net.down.clear()
+    net.do(b"S", codec.MailboxSend("bob", "m4"))  # behind the waiting mail, not before it
+    net.out.clear()
+    net.core.retry_backlog()
+    assert [codec.decode(f).subject for _, f in net.out] == ["m1", "m2", "m3", "m4"]
+    assert not net.core.backlog_mailboxes and "bob" not in net.core.mailboxes
+
+
+def test_full_worker_queue_keeps_requests_and_retries():
+    net = Net()
+    net.open(b"C", "c")
+    net.open(b"W", "w")
+    net.do(b"W", codec.ServiceOffer("svc", "^job"))
+    net.down.add(b"W")
+    for i in range(3):
+        net.do(b"C", codec.ServiceSend("svc", f"job{i}"))
+    net.do(b"C", codec.ServiceSend("svc", "other"))  # matches no offer: waits for a matching worker
+    assert net.core.backlog_services == {"svc"}
+    net.down.clear()
+    net.out.clear()
+    net.core.retry_backlog()
+    assert [codec.decode(f).subject for _, f in net.out] == ["job0", "job1", "job2"]
+    assert not net.core.backlog_services
+    assert [e.subject for e in net.core.services["svc"].queue] == [b"other"]
+
+
 def test_service_round_robin_queueing_and_patterns():
     net = Net()
     for rid in (b"C", b"W1", b"W2", b"W3"):

@@ -1,6 +1,7 @@
 """Repository-wide rules: layering, CI entry point, README figures."""
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,17 @@ def test_benchmark_page_and_plots_match_latest_results():
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     for name in ("clients.png", "sources.png", "sinks.png"):
         assert f"(bench/{name})" in page
+
+
+def test_formats_resolve_without_register_from_any_directory(tmp_path):
+    """pyspark finds data sources with pkgutil.iter_modules() (pyspark/sql/worker/lookup_data_sources.py):
+    in the environment running the tests (./dev's editable install), from a directory outside the
+    repository, the three pyspark_* modules must be listed and expose DefaultSource."""
+    code = ("import pkgutil, importlib\n"
+            "names = sorted(m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_'))\n"
+            "print(' '.join(f'{n}:{importlib.import_module(n).DefaultSource.name()}' for n in names))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr
+    found = set(result.stdout.split())
+    assert {"pyspark_amqp08:amqp08", "pyspark_stomp:stomp", "pyspark_malamute:malamute"} <= found, found
