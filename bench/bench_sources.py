@@ -200,6 +200,8 @@ def memory_run(spark, amqp_url: str, n: int) -> dict:
                                     tempfile.mkdtemp(prefix="bench-log-"))
     stop.set()
     sampler.join(2)
+    if got != n:
+        raise RuntimeError(f"memory run: the source delivered {got} of {n} messages")
     k = max(1, len(samples) // 4)
     quarters = [round(max(samples[i:i + k]), 1) for i in range(0, k * 4, k)] if samples else []
     return {"messages": n, "rows": got, "seconds": seconds, "bound_messages": MEMORY_BOUND,
@@ -219,7 +221,9 @@ def main(argv: list[str]) -> dict:
     from spark_mq.malamute_broker.testing import BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
-    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=tempfile.mkdtemp(prefix="bench-mlm-"))
+    # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do)
+    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=tempfile.mkdtemp(prefix="bench-mlm-"),
+                        args=("--max-queue", str(max(COUNTS.values()) * 2)))
     mlm.start()
     from pyspark.sql import SparkSession
     from spark_mq.sources.amqp08 import Amqp08DataSource
@@ -227,7 +231,9 @@ def main(argv: list[str]) -> dict:
     from spark_mq.sources.stomp import StompDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+             .config("spark.python.authenticate.socketTimeout", "120s")
+             # recentProgress keeps the last 100 batches by default; the memory run has more
+             .config("spark.sql.streaming.numRecentProgressUpdates", "100000").getOrCreate())
     for ds in (Amqp08DataSource, StompDataSource, MalamuteDataSource):
         spark.dataSource.register(ds)
     figures: dict = {"counts": counts, "target_ratio": TARGET}
@@ -258,6 +264,9 @@ def main(argv: list[str]) -> dict:
                 got_raw, raw_s = raw(name + "-raw", n)
                 preload(name, n, size)
                 got_src, src_s, _, batch_s = run_source(spark, fmt, options(name), tempfile.mkdtemp(prefix="bench-log-"))
+                if got_raw != n or got_src != n:
+                    raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src} of {n} preloaded: "
+                                       f"the rates would not compare the same work")
                 raw_rate, src_rate = got_raw / raw_s, got_src / src_s
                 batch_rate = got_src / batch_s if batch_s else 0.0
                 figures[f"{fmt}_{label}"] = {"n": n, "raw_received": got_raw, "source_rows": got_src,

@@ -267,6 +267,7 @@ class Ingest:
         if self.paused:
             self.paused = False
             consumer.resume()
+            self.last_message = time.monotonic()  # a pause is not the broker's silence
         msgs = consumer.poll(self._group_limit, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
         if not msgs:
             self.first_poll_done = True
