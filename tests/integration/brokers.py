@@ -51,6 +51,7 @@ stomp_probe(port, login=, passcode=), listening_sockets(pids), is_loopback(ip). 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import secrets
@@ -843,3 +844,21 @@ def activemq_from_environment_or_start() -> Broker:
     return start_activemq()
 
 
+
+
+@contextlib.contextmanager
+def malamute_running(**kwargs):
+    """The embedded Malamute broker as a process of its own on a free TCP port, for the block
+    (``BrokerProcess`` keyword arguments: client_timeout, mailbox_dir, args ...)."""
+    from spark_mq.malamute_broker.testing import BrokerProcess
+
+    broker = BrokerProcess(**kwargs)
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        raise BrokerUnavailable(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): "
+                                f"{exc}") from exc
+    try:
+        yield broker
+    finally:
+        broker.stop()

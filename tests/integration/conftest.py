@@ -219,12 +219,5 @@ def spark():
 @pytest.fixture
 def malamute_broker(tmp_path):
     """The embedded Malamute broker as a process of its own (mailboxes on disk under tmp_path)."""
-    from spark_mq.malamute_broker.testing import BrokerProcess
-
-    b = BrokerProcess(client_timeout=10.0, mailbox_dir=str(tmp_path / "mailboxes"))
-    try:
-        b.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
-    yield b
-    b.stop()
+    with brokers.malamute_running(client_timeout=10.0, mailbox_dir=str(tmp_path / "mailboxes")) as broker:
+        yield broker

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import brokers
 import pytest
 import zmq
 
@@ -27,14 +28,9 @@ RECV = 5.0  # seconds: the longest any single delivery may take in these tests
 
 @pytest.fixture
 def malamute_broker():
-    """The broker as a separate process on a free TCP port; killable and restartable."""
-    broker = BrokerProcess(client_timeout=10.0)
-    try:
-        broker.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
-    yield broker
-    broker.stop()
+    """The broker as a separate process on a free TCP port; killable and restartable (no mailbox dir)."""
+    with brokers.malamute_running(client_timeout=10.0) as broker:
+        yield broker
 
 
 @pytest.fixture

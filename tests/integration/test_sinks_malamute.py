@@ -13,11 +13,11 @@ import re
 import time
 from collections import Counter
 
+import brokers
 import pytest
 from pyspark.sql import functions as F
 
 from spark_mq.clients.malamute import MalamuteClient
-from spark_mq.malamute_broker.testing import BrokerProcess
 from spark_mq.sinks import commitlog
 from spark_mq.sinks.plan import COMMIT_LOG_DIR
 from spark_mq.sinks.testing import local_spark, run_available_now
@@ -36,13 +36,8 @@ def spark():
 
 @pytest.fixture(scope="module")
 def broker():
-    proc = BrokerProcess(client_timeout=30.0)
-    try:
-        proc.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
-    yield proc
-    proc.stop()
+    with brokers.malamute_running(client_timeout=30.0) as proc:
+        yield proc
 
 
 def read_all(client: MalamuteClient, expected: int) -> list:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 
 import pika
+import brokers
 import pytest
 from pyspark.sql import functions as F
 
 import spark_mq
 from spark_mq.clients.malamute import MalamuteClient
-from spark_mq.malamute_broker.testing import BrokerProcess
 from spark_mq.sinks.options import MESSAGE_ID_HEADER
 from spark_mq.sinks.testing import local_spark, run_available_now
 
@@ -35,13 +35,8 @@ def spark():
 
 @pytest.fixture(scope="module")
 def malamute_broker():
-    proc = BrokerProcess(client_timeout=30.0)
-    try:
-        proc.start()
-    except RuntimeError as exc:
-        pytest.fail(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): {exc}")
-    yield proc
-    proc.stop()
+    with brokers.malamute_running(client_timeout=30.0) as proc:
+        yield proc
 
 
 @pytest.mark.timeout(600)
