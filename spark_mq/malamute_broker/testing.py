@@ -103,3 +103,51 @@ class BrokerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stream_round_trip(endpoint: str, consumer, query, n: int, *, subject: str = "event",
+                      first_wait: float = 150.0) -> dict:
+    """Drive a running ``in`` -> query -> ``out`` stream pipeline (used by the job scripts of the
+    cluster and spark-submit tests): send ``m0, m1, ...`` on stream ``in`` every 50 ms until
+    ``consumer`` (reading ``out``) has ``n`` messages, then stop and collect up to the last one sent.
+    A stream keeps nothing for absent readers, so everything from the query's first message on must
+    arrive, exactly once. Returns ``last_sent``, ``query_exception`` and ``received``."""
+    import threading
+
+    from spark_mq.clients.malamute import MalamuteClient
+
+    stop = threading.Event()
+    sent: list = []
+
+    def produce() -> None:
+        producer = MalamuteClient(endpoint, "producer")
+        producer.set_producer("in")
+        i = 0
+        while not stop.is_set():
+            producer.send(subject, f"m{i}")
+            sent.append(i)
+            i += 1
+            time.sleep(0.05)
+        producer.ping()
+        producer.close()
+
+    def collect(done, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline and query.exception() is None:
+            msg = consumer.recv(0.5)
+            if msg is not None:
+                got.append(bytes(msg.content[0]).decode())
+
+    got: list = []
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    collect(lambda: len(got) >= n, first_wait)
+    # Stop producing, then collect the rest: partitions are written concurrently, so what has
+    # arrived at any moment need not be contiguous; once everything is through, it must be.
+    stop.set()
+    thread.join(30)
+    last = "M%d" % sent[-1]
+    collect(lambda: last in got, 120)
+    error = query.exception()
+    return {"last_sent": sent[-1], "query_exception": str(error)[:3000] if error is not None else None,
+            "received": got}

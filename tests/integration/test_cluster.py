@@ -138,42 +138,8 @@ def run_pipeline(spark, shared_dir, report, n=40, partitions=2):
              .writeStream.format("malamute").option("uri", endpoint).option("stream", "out")
              .option("checkpointLocation", os.path.join(shared_dir, "checkpoint"))
              .trigger(processingTime="1 second").start())
-    stop = threading.Event()
-
-    sent = []
-
-    def produce():
-        producer = MalamuteClient(endpoint, "producer")
-        producer.set_producer("in")
-        i = 0
-        while not stop.is_set():
-            producer.send("event", f"m{i}")
-            sent.append(i)
-            i += 1
-            time.sleep(0.05)
-        producer.ping()
-        producer.close()
-
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    got, deadline = [], time.monotonic() + 240
-    while len(got) < n and time.monotonic() < deadline and query.exception() is None:
-        msg = consumer.recv(0.5)
-        if msg is not None:
-            got.append(bytes(msg.content[0]).decode())
-    # Stop producing, then collect the rest: partitions are written concurrently, so what has
-    # arrived at any moment need not be contiguous; once everything is through, it must be.
-    stop.set()
-    thread.join(30)
-    last = "M%d" % sent[-1]
-    deadline = time.monotonic() + 120
-    while last not in got and time.monotonic() < deadline and query.exception() is None:
-        msg = consumer.recv(0.5)
-        if msg is not None:
-            got.append(bytes(msg.content[0]).decode())
-    report["last_sent"] = sent[-1]
-    report["query_exception"] = str(query.exception())[:3000] if query.exception() is not None else None
-    report["received"] = got
+    from spark_mq.malamute_broker.testing import stream_round_trip
+    report.update(stream_round_trip(endpoint, consumer, query, n, first_wait=240))
     report["batches"] = len(query.recentProgress)
     deadline = time.monotonic() + 15
     while query.status.get("isTriggerActive") and time.monotonic() < deadline:

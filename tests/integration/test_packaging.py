@@ -160,44 +160,8 @@ query = (spark.readStream.format("malamute").option("uri", endpoint).option("str
          .option("checkpointLocation", os.path.join(work, "checkpoint"))
          .trigger(processingTime="500 milliseconds").start())
 
-N = 20
-stop = threading.Event()
-
-sent = []
-
-def produce():
-    # A stream keeps nothing for absent readers: send a numbered sequence until the query has seen
-    # enough; everything from its first message on must arrive, exactly once.
-    producer = MalamuteClient(endpoint, "producer")
-    producer.set_producer("in")
-    i = 0
-    while not stop.is_set():
-        producer.send("reading", f"m{i}")
-        sent.append(i)
-        i += 1
-        time.sleep(0.05)
-    producer.ping()
-    producer.close()
-
-thread = threading.Thread(target=produce, daemon=True)
-thread.start()
-got, deadline = [], time.monotonic() + 150
-while len(got) < N and time.monotonic() < deadline and query.exception() is None:
-    msg = consumer.recv(0.5)
-    if msg is not None:
-        got.append(bytes(msg.content[0]).decode())
-# stop producing, then collect everything up to the last message sent
-stop.set()
-thread.join(30)
-last = "M%d" % sent[-1]
-deadline = time.monotonic() + 120
-while last not in got and time.monotonic() < deadline and query.exception() is None:
-    msg = consumer.recv(0.5)
-    if msg is not None:
-        got.append(bytes(msg.content[0]).decode())
-report["last_sent"] = sent[-1]
-report["query_exception"] = str(query.exception()) if query.exception() is not None else None
-report["received"] = got
+from spark_mq.malamute_broker.testing import stream_round_trip
+report.update(stream_round_trip(endpoint, consumer, query, 20, subject="reading"))
 query.stop()
 consumer.close()
 broker.stop()
