@@ -397,28 +397,28 @@ class BrokerCore:
         if service.offers:
             self.backlog_services.add(service.name)
 
-    def _dispatch(self, service: Service, entry: Stored) -> bool:
+    def _dispatch(self, service: Service, entry: Stored) -> Optional[bool]:
+        """True: delivered. False: a matching worker's queue was full. None: no offer matches."""
         offers = service.offers
+        result = None
         for index, offer in enumerate(offers):
             if offer.matcher.matches(entry.subject):
                 del offers[index]
                 offers.append(offer)  # round robin
                 if self._deliver(offer.client, [entry.header, *entry.content], None):
                     return True
-                self._full = True
-        return False
-
-    _full = False  # set by _dispatch when a matching worker's queue was full
+                result = False
+        return result
 
     def _redispatch(self, service: Service) -> None:
         """Offer the queued requests again, in order; stop at the first full worker queue."""
         waiting = list(service.queue)
         service.queue.clear()
         for i, entry in enumerate(waiting):
-            self._full = False
-            if not self._dispatch(service, entry):
+            delivered = self._dispatch(service, entry)
+            if not delivered:
                 service.queue.append(entry)
-                if self._full:
+                if delivered is False:
                     service.queue.extend(waiting[i + 1:])
                     self.backlog_services.add(service.name)
                     return
