@@ -172,8 +172,13 @@ class MQStreamReader(DataSourceStreamReader):
             s = self._last_end if self._last_end is not None else ing.log.tail
         if ing.log.head < s:
             ing.log.fast_forward(s)  # an empty log for an old checkpoint; data in it would be an error
-        if ing.start_hint < s:
-            ing.start_hint = s  # Spark finished everything below s: it no longer counts against the bound
+        if s > ing.committed:
+            # Spark asks for the batch after ``s`` only once the batch ending at ``s`` is in its
+            # commit log (batches run one at a time; a restart re-runs an uncommitted batch before
+            # asking). So ``s`` is committed now, though Spark's own ``commit(s)`` comes only after
+            # it has planned a next batch, which needs new data: in commit mode a broker that holds
+            # deliveries back until the acks (prefetch; ActiveMQ earlier) would never send it.
+            ing.commit(s)
         if first_call:
             self._wait_first(ing)
             self._last_batch_time = time.monotonic()
@@ -186,8 +191,6 @@ class MQStreamReader(DataSourceStreamReader):
             end = self._apply_limits(ing, s, end)
         if end > s:
             self._last_batch_time = time.monotonic()
-            if s > ing.committed:
-                ing.commit_expected = max(ing.commit_expected, s)  # planning this batch commits the last
         self._last_end = max(end, s)
         ing.planned_end = max(ing.planned_end, self._last_end)
         return {"offset": self._last_end}

@@ -114,7 +114,6 @@ class Ingest:
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
-        self.start_hint = self.committed       # latestOffset(start): Spark finished everything below
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -137,7 +136,6 @@ class Ingest:
         self.first_poll_done = False
         self._target_consumed: Optional[int] = None
         self._reached_at: Optional[float] = None
-        self.commit_expected = 0               # commit mode: Spark is about to commit this offset
         self.planned_end = 0                   # the highest end offset handed to Spark
         self.target: Optional[int] = None
         self._available_now = False
@@ -247,7 +245,7 @@ class Ingest:
                 pass
 
     def over_bound(self) -> bool:
-        base = max(self.committed, self.start_hint)
+        base = self.committed
         head = self.log.head
         if head - base >= self.opts.maxUncommittedMessages:
             return True
@@ -366,11 +364,11 @@ class Ingest:
         # ready (another consumer holds them, or they expire) ends it after a longer fallback.
         starved = self.starved()
         # commit mode: while messages wait for acks, silence may only mean the broker holds the rest
-        # back (prefetch; ActiveMQ also before the prefetch is full). Acks come with Spark's commits,
-        # which come as batches are planned: not quiet while the log holds unplanned messages (a
-        # batch will be planned) or a planned batch's commit of the one before has not come yet.
+        # back (prefetch; ActiveMQ also before the prefetch is full). The acks come when Spark asks
+        # for the batch after a planned one: not quiet while the log holds unplanned messages (a
+        # batch will be planned) or a planned batch is not committed yet.
         commit_due = self.ack_mode == "commit" and (self.log.head > self.planned_end or
-                                                    self.committed < self.commit_expected)
+                                                    self.committed < self.planned_end)
         quiet = False
         if quiet_ok and not starved and not commit_due and silent >= self.opts.quietPeriod:
             if self._target_consumed is None or silent >= self.opts.quietPeriod * _DEPTH_QUIET_FACTOR:
@@ -425,7 +423,6 @@ class Ingest:
             self._ack_committed(end)
         if end > self.committed:
             self.committed = end
-        self.start_hint = max(self.start_hint, end)
         self.log.commit(end)
         self._dedup.trim(end)
 
