@@ -14,19 +14,26 @@ Core columns (same names, types and order in every format)::
 ``timestamp`` is the message's own timestamp when the protocol carries one (AMQP ``timestamp``
 property, seconds; STOMP ``timestamp`` header, ms, as ActiveMQ sends it) and otherwise the time the
 source received it. ``offset`` is the message's position in the source log.
+
+Stored form: the source log keeps batches in the source schema except for Malamute's ``frames``,
+which repeats ``body`` (the first frame) for every message. The log stores ``frames_multi``
+instead: null when the message has exactly one frame (then ``frames`` is ``[body]``), else all its
+frames. ``project`` rebuilds ``frames`` when it is asked for, without copying single-frame bodies.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_mq.errors import SparkMqError
 
 __all__ = [
     "CORE_COLUMNS", "SOURCE_COLUMNS", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
-    "to_arrow_schema", "build_batch", "project", "check_user_schema",
+    "to_arrow_schema", "stored_arrow_schema", "build_batch", "project", "check_user_schema", "stored_frames",
 ]
 
 
@@ -130,6 +137,46 @@ def source_arrow_schema(fmt: str) -> pa.Schema:
     return schema
 
 
+# stored column -> (source column it stands for, how to rebuild it from a stored batch)
+_FRAMES_STORED = "frames_multi"
+_STORED_AS = {"malamute": {"frames": _FRAMES_STORED}}
+_STORED_CACHE: dict = {}
+
+
+def stored_arrow_schema(fmt: str) -> pa.Schema:
+    """The Arrow schema of batches in the source log (see "Stored form" above)."""
+    schema = _STORED_CACHE.get(fmt)
+    if schema is None:
+        renames = _STORED_AS.get(fmt, {})
+        schema = _STORED_CACHE[fmt] = pa.schema([
+            pa.field(renames.get(f.name, f.name), f.type) for f in source_arrow_schema(fmt)])
+    return schema
+
+
+def stored_frames(frames: list):
+    """The stored ``frames_multi`` value of a message's frames: None for exactly one frame."""
+    return None if len(frames) == 1 else frames
+
+
+def _rebuild_frames(body: pa.Array, multi: pa.Array) -> pa.Array:
+    """``frames`` from ``body`` and ``frames_multi``: a single-frame message's list is its body."""
+    n = len(body)
+    single = multi.is_null().to_numpy(zero_copy_only=False)
+    if single.all():  # the common case: the list values are the body column itself, no copy
+        return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), body,
+                                        type=ARROW_TYPES["array<binary>"])
+    multi_lens = pc.fill_null(pc.list_value_length(multi), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lens = np.where(single, 1, multi_lens)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    multi_starts = np.cumsum(multi_lens) - multi_lens  # where each row's frames start in the flattened values
+    row = np.repeat(np.arange(n), lens)
+    within = np.arange(offsets[-1]) - offsets[:-1][row]
+    index = np.where(single[row], row, n + multi_starts[row] + within)
+    values = pa.concat_arrays([body, multi.flatten()]).take(pa.array(index))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=ARROW_TYPES["array<binary>"])
+
+
 def _arrow_type_of(data_type) -> pa.DataType:
     """Arrow type of a pyspark DataType (the subset the sources use)."""
     name = data_type.simpleString()
@@ -145,12 +192,12 @@ def to_arrow_schema(struct) -> pa.Schema:
 
 
 def build_batch(fmt: str, rows: Sequence[tuple]) -> pa.RecordBatch:
-    """A record batch from row tuples in ``SOURCE_COLUMNS[fmt]`` order.
+    """A record batch in the stored form from row tuples in ``SOURCE_COLUMNS[fmt]`` order.
 
     Values: bytes, str, ints (timestamp as microseconds since the epoch, UTC), bool, a list of
-    (key, value) pairs or None for ``headers``, a list of bytes for ``frames``.
+    (key, value) pairs or None for ``headers``, ``stored_frames(frames)`` for ``frames``.
     """
-    schema = source_arrow_schema(fmt)
+    schema = stored_arrow_schema(fmt)
     if not rows:
         return pa.RecordBatch.from_pylist([], schema=schema)
     columns = list(zip(*rows))
@@ -166,6 +213,9 @@ def project(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     names = batch.schema.names
     arrays = []
     for field in target:
+        if field.name == "frames" and _FRAMES_STORED in names and field.name not in names:
+            arrays.append(_rebuild_frames(batch.column(names.index("body")), batch.column(names.index(_FRAMES_STORED))))
+            continue
         if field.name not in names:
             raise SchemaError(f"column {field.name!r} is not a source column; available: {', '.join(names)}")
         column = batch.column(names.index(field.name))
@@ -177,5 +227,5 @@ def project(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
 
 def check_user_schema(fmt: str, target: pa.Schema) -> None:
     """Fail at planning time, naming the column, when a user schema cannot be served."""
-    project(pa.RecordBatch.from_pylist([], schema=source_arrow_schema(fmt)), target)
+    project(pa.RecordBatch.from_pylist([], schema=stored_arrow_schema(fmt)), target)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource
@@ -78,7 +79,7 @@ class MalamuteConsumer:
         frames = [bytes(f) for f in msg.content]
         tracker = getattr(msg, "tracker", "") or ""
         return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
-                msg.sender, msg.address, msg.subject, tracker, frames)
+                msg.sender, msg.address, msg.subject, tracker, S.stored_frames(frames))
 
     def ack(self, msgs: list) -> None:
         return None

@@ -9,7 +9,7 @@ checkout on the path):
   does not import pyspark, and the ``spark-mq`` script is installed.
 
 The wheel and zip come from ``scripts/build_dist.py`` (what ``./dev dist`` runs). The dependencies
-(pyspark, pyarrow, pyzmq, pinned to the versions of the running environment) come from the pip
+(pyspark, pyarrow, pyzmq, numpy, pinned to the versions of the running environment) come from the pip
 cache or PyPI.
 """
 
@@ -68,7 +68,7 @@ def _run(cmd, *, env, cwd, timeout, what):
 
 
 def _requirements() -> list:
-    return [f"{name}=={importlib.metadata.version(name)}" for name in ("pyspark", "pyarrow", "pyzmq")]
+    return [f"{name}=={importlib.metadata.version(name)}" for name in ("pyspark", "pyarrow", "pyzmq", "numpy")]
 
 
 def _make_venv(path: Path, packages: list) -> Path:
@@ -89,7 +89,7 @@ def dist(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def bare_venv(tmp_path_factory) -> Path:
-    """A fresh venv with pyspark, pyarrow and pyzmq, but no spark_mq."""
+    """A fresh venv with pyspark, pyarrow, pyzmq and numpy, but no spark_mq."""
     return _make_venv(tmp_path_factory.mktemp("venv") / "venv", _requirements())
 
 
@@ -115,7 +115,7 @@ def test_wheel_and_zip_contents(dist, tmp_path):
     assert "spark_mq/register.py" in names and "spark_mq/cli.py" in names
     assert not any("tests/" in n or "__pycache__" in n for n in names)
     assert "spark-mq = spark_mq.cli:main" in entry_points
-    for dep in ("pyspark", "pyarrow", "pyzmq"):
+    for dep in ("pyspark", "pyarrow", "pyzmq", "numpy"):
         assert f"Requires-Dist: {dep}" in metadata
     with zipfile.ZipFile(dist["zip"]) as zf:
         znames = set(zf.namelist())

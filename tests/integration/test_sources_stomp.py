@@ -110,6 +110,8 @@ def test_commit_mode_acks_in_transactions_and_drops_redeliveries(spark, stomp_br
         client.flush()
     q = run()
     assert sorted(got) == sorted(f"m{i}".encode() for i in range(2100))
-    # the availableNow run before acked its last batch too: nothing came back
+    # the availableNow run before acked its last batch too: only the 100 new messages came. (Some of
+    # them may carry the redelivered flag: a broker that handles the previous run's disconnect late
+    # can dispatch new messages to that consumer first and then requeue them.)
     figures = json.loads(q.lastProgress["sources"][0]["latestOffset"])
-    assert figures["redeliveries"] == 0 and figures["consumed"] == 100, figures
+    assert figures["consumed"] == 100 and figures["duplicatesDropped"] == 0, figures
