@@ -42,6 +42,10 @@ except ImportError:  # Spark 4.0/4.1: limits come from the options only, no avai
 
 __all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS"]
 
+# availableNow plans a batch before the target once the unplanned log holds this many partitions'
+# worth of body bytes (maxPartitionBytes each): reading a large backlog only after the drain would
+# add the whole read to the run; small bodies still make one batch
+_OVERLAP_PARTITIONS = 2
 _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
 _DEFAULT_PREFETCH = 1000
@@ -197,9 +201,11 @@ class MQStreamReader(DataSourceStreamReader):
 
     def _available_now_ready(self, ing, s: int, limit) -> bool:
         """availableNow plans full batches: all up to the target in one batch, as Kafka's source does,
-        or a batch as large as the read limit allows. A batch is planned early only when the
-        ingest is held back (paused at its log bound, or in commit mode waiting for Spark's commit):
-        then what the log holds is all there will be until Spark commits. Planning many small batches while the ingest is still draining would spend the
+        or a batch as large as the read limit allows. A batch is planned early when the ingest is
+        held back (paused at its log bound, or in commit mode waiting for Spark's commit: then what
+        the log holds is all there will be until Spark commits), or when the unplanned log holds
+        ``_OVERLAP_PARTITIONS`` partitions' worth of bodies (executors then read while the ingest
+        drains). Planning many small batches while the ingest is still draining would spend the
         machine on per-batch overhead instead of on the drain."""
         if ing.target is not None:
             return True
@@ -208,6 +214,8 @@ class MQStreamReader(DataSourceStreamReader):
             return False
         if ing.paused or ing.over_bound() or ing.starved() or ing.waiting_for_commit():
             return True
+        if ing.log.body_bytes(s, head) >= self.opts.maxPartitionBytes * _OVERLAP_PARTITIONS:
+            return True  # large bodies: executors read this batch while the ingest drains the rest
         if HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable):
             return False
         cap = self._max_messages()

@@ -157,6 +157,34 @@ def test_read_limit_partitions_order_and_headers(spark, src, tmp_path):
                 assert all(h.get("n") == b[1:].decode() for _, b, h in part)
 
 
+def test_available_now_reads_a_large_backlog_while_it_drains(spark, src, tmp_path):
+    """Without a read limit availableNow plans one batch up to its target, unless there are many
+    body bytes: once the unplanned log holds two partitions' worth (``maxPartitionBytes`` each), a
+    batch is planned, and executors read it while the ingest drains the rest. Exactly once.
+    ``fsyncMessages=1`` (an append, fsync and ack per message) keeps the drain slower than Spark's
+    first batch, as large bodies do, so that there is a rest to drain."""
+    n = 2000
+    dest = src.new_destination()
+    src.publish(dest, 0, n)  # bodies "m0".."m1999": 2 to 5 bytes, 8,890 in all
+    batches: dict = {}
+
+    def collect(batch_df, batch_id):
+        batches[batch_id] = [(r.offset, r.body) for r in batch_df.select("offset", "body").collect()]
+
+    df = reader(spark, src, dest, tmp_path / "log", maxPartitionBytes=1000, fsyncMessages=1)
+    q = finish(df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+               .trigger(availableNow=True).start(), "overlap")
+    assert q.exception() is None, q.exception()
+    parts = [rows for _, rows in sorted(batches.items()) if rows]
+    sizes = [len(rows) for rows in parts]
+    assert len(parts) >= 2, sizes
+    rows = [row for rows in parts for row in rows]
+    assert sorted(o for o, _ in rows) == list(range(n))
+    assert sorted(b for _, b in rows) == sorted(f"m{i}".encode() for i in range(n))
+    # every batch but the last was planned at two partitions' worth of bodies or more
+    assert all(sum(len(b) for _, b in rows) >= 2000 for rows in parts[:-1]), sizes
+
+
 def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
     dest = src.new_destination()
     src.publish(dest, 0, 0)  # declares the AMQP queue
