@@ -137,7 +137,7 @@ def source_arrow_schema(fmt: str) -> pa.Schema:
     return schema
 
 
-# stored column -> (source column it stands for, how to rebuild it from a stored batch)
+# per format: source column -> the stored column that stands for it in the log
 _FRAMES_STORED = "frames_multi"
 _STORED_AS = {"malamute": {"frames": _FRAMES_STORED}}
 _STORED_CACHE: dict = {}
