@@ -144,10 +144,18 @@ def stream_round_trip(endpoint: str, consumer, query, n: int, *, subject: str = 
     collect(lambda: len(got) >= n, first_wait)
     # Stop producing, then collect the rest: partitions are written concurrently, so what has
     # arrived at any moment need not be contiguous; once everything is through, it must be.
+    # Done when every number from the first one received to the last one sent is in: waiting only
+    # for the last one sent would stop while another partition's messages are still on their way.
     stop.set()
     thread.join(30)
-    last = "M%d" % sent[-1]
-    collect(lambda: last in got, 120)
+    last = sent[-1]
+
+    def complete() -> bool:
+        numbers = {int(b[1:]) for b in got if b[1:].isdigit()}
+        return last in numbers and len(numbers) == last - min(numbers) + 1
+
+    collect(complete, 120)
+    collect(lambda: False, 1.0)  # anything still arriving now would be a duplicate: keep it to be seen
     error = query.exception()
     return {"last_sent": sent[-1], "query_exception": str(error)[:3000] if error is not None else None,
             "received": got}
