@@ -27,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from spark_mq.arrowcols import column, int_array, list_lengths, null_mask, offsets_array
 from spark_mq.errors import SparkMqError
 
 __all__ = [
@@ -161,11 +161,11 @@ def stored_frames(frames: list):
 def _rebuild_frames(body: pa.Array, multi: pa.Array) -> pa.Array:
     """``frames`` from ``body`` and ``frames_multi``: a single-frame message's list is its body."""
     n = len(body)
-    single = multi.is_null().to_numpy(zero_copy_only=False)
+    single = null_mask(multi)
     if single.all():  # the common case: the list values are the body column itself, no copy
-        return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), body,
+        return pa.ListArray.from_arrays(offsets_array(np.arange(n + 1, dtype=np.int32)), body,
                                         type=ARROW_TYPES["array<binary>"])
-    multi_lens = pc.fill_null(pc.list_value_length(multi), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    multi_lens = list_lengths(multi)
     lens = np.where(single, 1, multi_lens)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
@@ -173,8 +173,8 @@ def _rebuild_frames(body: pa.Array, multi: pa.Array) -> pa.Array:
     row = np.repeat(np.arange(n), lens)
     within = np.arange(offsets[-1]) - offsets[:-1][row]
     index = np.where(single[row], row, n + multi_starts[row] + within)
-    values = pa.concat_arrays([body, multi.flatten()]).take(pa.array(index))
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=ARROW_TYPES["array<binary>"])
+    values = pa.concat_arrays([body, multi.flatten()]).take(int_array(index.astype(np.int64)))
+    return pa.ListArray.from_arrays(offsets_array(offsets), values, type=ARROW_TYPES["array<binary>"])
 
 
 def _arrow_type_of(data_type) -> pa.DataType:
@@ -199,10 +199,14 @@ def build_batch(fmt: str, rows: Sequence[tuple]) -> pa.RecordBatch:
     """
     schema = stored_arrow_schema(fmt)
     if not rows:
-        return pa.RecordBatch.from_pylist([], schema=schema)
+        return _empty_batch(schema)
     columns = list(zip(*rows))
-    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema)]
+    arrays = [column(col, field.type) for col, field in zip(columns, schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 
 def project(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
@@ -227,5 +231,5 @@ def project(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
 
 def check_user_schema(fmt: str, target: pa.Schema) -> None:
     """Fail at planning time, naming the column, when a user schema cannot be served."""
-    project(pa.RecordBatch.from_pylist([], schema=stored_arrow_schema(fmt)), target)
+    project(_empty_batch(stored_arrow_schema(fmt)), target)
 

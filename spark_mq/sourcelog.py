@@ -313,7 +313,7 @@ class SourceLog:
         Durable after ``sync()`` (local) or at once (other filesystems)."""
         if batch.num_rows == 0:
             return self.head
-        data = batch.serialize().to_pybytes()
+        data = batch.serialize()  # a pyarrow Buffer: written as it is, never copied into bytes
         with self._lock:
             head = self.head
             first = batch.column(batch.schema.get_field_index(OFFSET_COLUMN))[0].as_py()
@@ -335,7 +335,7 @@ class SourceLog:
                 seg = _Segment(head, self._path(name), len(self._schema_bytes), len(self._schema_bytes))
                 pos = seg.size
                 self._drop_empty_tail(seg.path)
-                self._write_whole(seg.path, self._schema_bytes + data)
+                self._write_whole(seg.path, b"".join((self._schema_bytes, data)))
                 seg.size += len(data)
                 self._segments.append(seg)
             seg.batches.append(_Batch(head, batch.num_rows, pos, len(data), sizes))

@@ -45,6 +45,7 @@ _COMMAND = b"C"
 _STOP = b"S"
 _MAX_POLL_MS = 100
 _DRAIN = 1024
+_DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)
 _pipe_ids = itertools.count()
 
 
@@ -85,7 +86,10 @@ class MalamuteClient:
         self._proto = ClientConnection(heartbeat=heartbeat, server_timeout=server_timeout,
                                        confirm_supported=confirm_supported)
         self._context = context or zmq.Context.instance()
+        # deliveries cross from the IO thread in lists (one per pass of its loop), not one by one:
+        # a queue hand-off per message cost more than decoding it
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ready: deque = deque()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -182,15 +186,50 @@ class MalamuteClient:
 
     def recv(self, timeout: Optional[float] = None):
         """The next delivery, or ``None`` after ``timeout`` seconds (``None`` = wait forever)."""
+        ready = self._ready
+        if ready or self._fill(timeout):
+            try:
+                return ready.popleft()
+            except IndexError:  # another thread took it
+                return None
+        return None
+
+    def recv_many(self, max_count: int, timeout: Optional[float] = None) -> list:
+        """Up to ``max_count`` deliveries that have arrived, waiting up to ``timeout`` seconds for the
+        first (``None`` = forever); ``[]`` if none came."""
+        ready = self._ready
+        if not ready and not self._fill(timeout):
+            return []
+        self._fill(0)  # whatever else the IO thread has handed over meanwhile
+        out = []
+        pop = ready.popleft
+        try:
+            while len(out) < max_count:
+                out.append(pop())
+        except IndexError:
+            pass
+        return out
+
+    def _fill(self, timeout: Optional[float]) -> bool:
+        """Move handed-over deliveries to ``_ready``, waiting up to ``timeout`` for some; True if any."""
+        inbox, ready = self._inbox, self._ready
+        while True:  # what is there already, without waiting
+            try:
+                ready.extend(inbox.get_nowait())
+            except queue.Empty:
+                break
+        if ready or timeout == 0:
+            return bool(ready)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._closed and self._inbox.empty():
+            if self._closed and inbox.empty():
                 raise ConnectionClosedError("client is closed")
             wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if wait <= 0:
-                return None
+                return False
             try:
-                return self._inbox.get(timeout=wait)
+                ready.extend(inbox.get(timeout=wait))
+                return True
             except queue.Empty:
                 if self._dead is not None:
                     raise ConnectionClosedError(f"client IO thread failed: {self._dead}") from self._dead
@@ -297,6 +336,7 @@ class MalamuteClient:
                 elif kind == _STOP:
                     return
             # broker -> application
+            deliveries: list = []
             for _ in range(_DRAIN):
                 try:
                     frames = dealer.recv_multipart(noblock)
@@ -307,7 +347,9 @@ class MalamuteClient:
                 except RemoteProtocolError as exc:
                     log.warning("dropping malformed message from the broker: %s", exc)
                     continue
-                self._dispatch(events)
+                self._dispatch(events, deliveries)
+            if deliveries:
+                self._inbox.put(deliveries)
             self._dispatch(proto.tick(now))
             backlog.extend(proto.data_to_send())
             while backlog:
@@ -317,14 +359,19 @@ class MalamuteClient:
                     break  # HWM reached (broker away): keep it and wait for POLLOUT
                 backlog.popleft()
 
-    def _dispatch(self, events: list) -> None:
+    def _dispatch(self, events: list, deliveries: Optional[list] = None) -> None:
+        """Act on protocol events; deliveries go to ``deliveries`` (handed over by the caller) or,
+        without one, straight to the inbox."""
         for event in events:
             if isinstance(event, Reply):
                 future = self._futures.pop(event.token, None)
                 if future is not None and not future.done():
                     future.set_result(event)
-            elif isinstance(event, (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)):
-                self._inbox.put(event)
+            elif isinstance(event, _DELIVERIES):
+                if deliveries is None:
+                    self._inbox.put([event])
+                else:
+                    deliveries.append(event)
             else:
                 if isinstance(event, (ServerLost, Recovering)):
                     log.info("malamute %s: %s", self.endpoint, event)

@@ -62,17 +62,16 @@ class MalamuteConsumer:
             raise
 
     def poll(self, max_count: int, timeout: float) -> list:
-        recv = self.client.recv
-        first = recv(timeout)
-        if first is None:
-            return []
-        out = [first]
+        recv_many = self.client.recv_many
+        out = recv_many(max_count, timeout)
+        if not out:
+            return out
         deadline = time.monotonic() + timeout
         while len(out) < max_count and time.monotonic() < deadline:
-            msg = recv(_DRAIN_WAIT)
-            if msg is None:
+            more = recv_many(max_count - len(out), _DRAIN_WAIT)
+            if not more:
                 break
-            out.append(msg)
+            out += more
         return out
 
     def row(self, msg, offset: int, now_us: int) -> tuple:

@@ -356,3 +356,28 @@ def test_mailbox_larger_than_both_high_water_marks_arrives_whole_and_in_order():
     finally:
         raw.close(0)
         broker.stop()
+
+
+def test_recv_and_recv_many_take_every_delivery_once_in_order(clients):
+    """Deliveries cross from the client's IO thread in lists: recv() and recv_many() mixed must
+    still hand out each message once, in order, and recv_many must respect its count."""
+    reader = clients("lists")
+    sender = clients()
+    n = 20_000
+    for i in range(n):
+        sender.sendto("lists", "s", f"m{i}".encode())
+    sender.ping()
+    got: list = []
+    deadline = time.monotonic() + 60
+    turn = 0
+    while len(got) < n and time.monotonic() < deadline:
+        turn += 1
+        if turn % 3 == 0:
+            msg = reader.recv(timeout=1.0)
+            got.extend([msg] if msg is not None else [])
+        else:
+            many = reader.recv_many(turn % 700 + 1, timeout=1.0)
+            assert len(many) <= turn % 700 + 1
+            got.extend(many)
+    assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(n)]
+    assert reader.recv_many(10, timeout=0.3) == [] and reader.recv(timeout=0.1) is None

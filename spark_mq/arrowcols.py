@@ -1,0 +1,155 @@
+"""Arrow columns from Python values, built from buffers (numpy) instead of ``pa.array``.
+
+Responsible for: turning one column of Python values (bytes, str, int, bool, None, a list of
+(key, value) pairs for a map, a list of bytes for a list column) into an Arrow array of the given
+type, for the types the source schemas use. Not responsible for schemas (``spark_mq.schema``).
+
+Why not ``pa.array``: its first call in a process imports pandas (pyarrow checks every sequence for
+pandas objects), which costs 0.4 s on an idle machine and seconds on a busy one, inside the
+ingest's first group: every query's reader process paid it, in Spark's Python workers too. Built
+from buffers, a column costs one ``join`` of its values and a few numpy calls, with no per-value
+Arrow conversion. ``pa.array`` stays the fallback for types this module does not build.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from spark_mq.errors import SparkMqError
+
+__all__ = ["column", "int_array", "offsets_array", "null_mask", "list_lengths"]
+
+_INT32_MAX = 2**31 - 1
+_BINARY_LIKE = (pa.types.is_binary, pa.types.is_string)
+
+
+def offsets_array(offsets: np.ndarray) -> pa.Array:
+    """An int32 Arrow array over ``offsets`` (no copy when already int32)."""
+    data = np.ascontiguousarray(offsets, dtype=np.int32)
+    return pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)])
+
+
+def int_array(values: np.ndarray, type_: pa.DataType = pa.int64()) -> pa.Array:
+    """An Arrow array of a fixed-width integer-like ``type_`` over a numpy array of its width."""
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+
+
+def null_mask(arr: pa.Array) -> np.ndarray:
+    """A numpy bool array, True where ``arr`` is null (read from its validity bitmap: Arrow's own
+    ``to_numpy`` on booleans imports pandas)."""
+    n = len(arr)
+    if arr.null_count == 0:
+        return np.zeros(n, dtype=bool)
+    if arr.null_count == n and arr.buffers()[0] is None:
+        return np.ones(n, dtype=bool)
+    bits = np.frombuffer(arr.buffers()[0], dtype=np.uint8)
+    return ~np.unpackbits(bits, bitorder="little", count=arr.offset + n)[arr.offset:].astype(bool)
+
+
+def list_lengths(arr: pa.ListArray) -> np.ndarray:
+    """int64 lengths of a list array's entries, 0 for nulls."""
+    n = len(arr)
+    if arr.null_count == n:
+        return np.zeros(n, dtype=np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + n + 1)[arr.offset:]
+    return np.where(null_mask(arr), 0, np.diff(offsets).astype(np.int64))
+
+
+def _validity(values: Sequence, n: int):
+    """(validity bitmap, null count): bit i set when values[i] is not None; no bitmap when no value
+    or every value is null (callers build ``pa.nulls`` then)."""
+    count = getattr(values, "count", None)  # tuple/list: counted in C, the common no-null case
+    nulls = count(None) if count is not None else sum(v is None for v in values)
+    if nulls == 0 or nulls == n:
+        return None, nulls
+    present = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    return pa.py_buffer(np.packbits(present, bitorder="little")), nulls
+
+
+def _binary(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    if pa.types.is_string(type_):
+        items = [v.encode() if v is not None else b"" for v in values]
+    elif nulls:
+        items = [v if v is not None else b"" for v in values]
+    else:
+        items = values
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
+    if offsets[-1] > _INT32_MAX:
+        raise SparkMqError(f"a group of {n} messages holds {offsets[-1]} bytes in one column, more than an Arrow "
+                           f"binary column can (2 GiB): lower 'fsyncMessages'")
+    data = pa.py_buffer(b"".join(items))
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offsets.astype(np.int32)), data], null_count=nulls)
+
+
+def _integers(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    dtype = np.int32 if type_.bit_width == 32 else np.int64
+    data = np.fromiter((v if v is not None else 0 for v in values) if nulls else values, dtype=dtype, count=n)
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def _booleans(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    bits = np.packbits(np.fromiter((bool(v) for v in values), dtype=bool, count=n), bitorder="little")
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(bits)], null_count=nulls)
+
+
+def _map(values: Sequence, type_: pa.MapType, n: int) -> pa.Array:
+    """map<string,string> from lists of (key, value) pairs (or None)."""
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    lens = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    pairs = [kv for v in values if v for kv in v]
+    keys = column([k for k, _ in pairs], type_.key_type)
+    items = column([v for _, v in pairs], type_.item_type)
+    if keys.null_count:
+        raise SparkMqError("a header without a name cannot be a map key")
+    off = offsets_array(offsets)
+    arr = pa.MapArray.from_arrays(off, keys, items, type=type_)
+    if nulls:  # from_arrays takes nulls from the offsets only: rebuild with the validity bitmap
+        arr = pa.Array.from_buffers(type_, n, [validity, off.buffers()[1]], null_count=nulls,
+                                    children=[arr.values])
+    return arr
+
+
+def _list(values: Sequence, type_: pa.ListType, n: int) -> pa.Array:
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    lens = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    flat = column([x for v in values if v for x in v], type_.value_type)
+    return pa.Array.from_buffers(type_, n, [validity, offsets_array(offsets).buffers()[1]], null_count=nulls,
+                                 children=[flat])
+
+
+def column(values: Sequence, type_: pa.DataType) -> pa.Array:
+    """``values`` (a sequence of Python values or None) as an Arrow array of ``type_``."""
+    n = len(values)
+    if pa.types.is_binary(type_) or pa.types.is_string(type_):
+        return _binary(values, type_, n)
+    if pa.types.is_int64(type_) or pa.types.is_int32(type_) or \
+            (pa.types.is_timestamp(type_) and type_.unit == "us"):
+        return _integers(values, type_, n)
+    if pa.types.is_boolean(type_):
+        return _booleans(values, type_, n)
+    if pa.types.is_map(type_):
+        return _map(values, type_, n)
+    if pa.types.is_list(type_):
+        return _list(values, type_, n)
+    return pa.array(values, type=type_)
