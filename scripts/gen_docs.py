@@ -88,7 +88,9 @@ def schema_md() -> str:
            "## Source columns\n",
            "Every source has the same first columns; then come the protocol's own. `offset` is the message's "
            "position in the source log (the replayable log every source keeps), not a broker offset. "
-           "A user `.schema(...)` may select a subset of these columns (same names and types).\n",
+           "A user `.schema(...)` may select a subset of these columns (same names and types). Malamute's "
+           "`body` is the first frame; `frames` is null when the message has exactly one frame and otherwise "
+           "holds all of them, `body` included (the Malamute sink reads it the same way).\n",
            "| column | type | " + " | ".join(f"`{f}`" for f in FORMATS) + " |",
            "|---|---|" + "---|" * len(FORMATS)]
     names: list = []

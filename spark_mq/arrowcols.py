@@ -20,42 +20,15 @@ import pyarrow as pa
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["column", "int_array", "offsets_array", "null_mask", "list_lengths"]
+__all__ = ["column", "offsets_array"]
 
 _INT32_MAX = 2**31 - 1
-_BINARY_LIKE = (pa.types.is_binary, pa.types.is_string)
 
 
 def offsets_array(offsets: np.ndarray) -> pa.Array:
     """An int32 Arrow array over ``offsets`` (no copy when already int32)."""
     data = np.ascontiguousarray(offsets, dtype=np.int32)
     return pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)])
-
-
-def int_array(values: np.ndarray, type_: pa.DataType = pa.int64()) -> pa.Array:
-    """An Arrow array of a fixed-width integer-like ``type_`` over a numpy array of its width."""
-    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
-
-
-def null_mask(arr: pa.Array) -> np.ndarray:
-    """A numpy bool array, True where ``arr`` is null (read from its validity bitmap: Arrow's own
-    ``to_numpy`` on booleans imports pandas)."""
-    n = len(arr)
-    if arr.null_count == 0:
-        return np.zeros(n, dtype=bool)
-    if arr.null_count == n and arr.buffers()[0] is None:
-        return np.ones(n, dtype=bool)
-    bits = np.frombuffer(arr.buffers()[0], dtype=np.uint8)
-    return ~np.unpackbits(bits, bitorder="little", count=arr.offset + n)[arr.offset:].astype(bool)
-
-
-def list_lengths(arr: pa.ListArray) -> np.ndarray:
-    """int64 lengths of a list array's entries, 0 for nulls."""
-    n = len(arr)
-    if arr.null_count == n:
-        return np.zeros(n, dtype=np.int64)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + n + 1)[arr.offset:]
-    return np.where(null_mask(arr), 0, np.diff(offsets).astype(np.int64))
 
 
 def _validity(values: Sequence, n: int):

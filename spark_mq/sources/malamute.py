@@ -78,7 +78,7 @@ class MalamuteConsumer:
         frames = [bytes(f) for f in msg.content]
         tracker = getattr(msg, "tracker", "") or ""
         return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
-                msg.sender, msg.address, msg.subject, tracker, S.stored_frames(frames))
+                msg.sender, msg.address, msg.subject, tracker, S.frames_value(frames))
 
     def ack(self, msgs: list) -> None:
         return None

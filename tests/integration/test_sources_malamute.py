@@ -65,9 +65,10 @@ def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
             time.sleep(0.3)
     finally:
         q.stop()
-    rows = spark.sql("select body, subject from mlm_stream").collect()
+    rows = spark.sql("select body, subject, frames from mlm_stream").collect()
     assert len(rows) == 500
     assert all(r.subject == "temp.x" for r in rows)
+    assert all(r.frames is None for r in rows)  # single-frame messages: the frame is body
     assert sorted(r.body for r in rows) == sorted(f"w{i}".encode() for i in range(0, 1000, 2))
 
 

@@ -76,12 +76,3 @@ def test_building_and_projecting_batches_does_not_import_pandas():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.none() | st.lists(_BYTES, max_size=3), max_size=20), st.integers(0, 5))
-def test_null_mask_and_list_lengths_match_arrow(vals, cut):
-    from spark_mq.arrowcols import list_lengths, null_mask
-    import pyarrow.compute as pc
-    arr = pa.array(vals, type=S.ARROW_TYPES["array<binary>"]).slice(min(cut, len(vals)))  # offsets too
-    assert null_mask(arr).tolist() == arr.is_null().to_pylist()
-    assert list_lengths(arr).tolist() == pc.fill_null(pc.list_value_length(arr), 0).to_pylist()

@@ -36,8 +36,7 @@ def test_build_batch_values():
     got = batch.to_pylist()[0]
     assert got["body"] == b"\x00body" and got["offset"] == 42 and got["redelivered"] is True
     assert got["headers"] == [("a", "1"), ("b", None)]
-    assert got["frames_multi"] == [b"f1", b"f2"]
-    assert S.project(batch, S.source_arrow_schema("malamute")).to_pylist()[0]["frames"] == [b"f1", b"f2"]
+    assert got["frames"] == [b"f1", b"f2"]
     assert got["timestamp"].isoformat() == "2023-11-14T22:13:20.123456+00:00"
     assert S.build_batch("malamute", []).num_rows == 0
 
@@ -57,31 +56,22 @@ def test_project_subset_and_errors():
 
 
 def _malamute_rows(frame_lists):
-    return [(fl[0] if fl else b"", "d", None, 0, None, False, i, "s", "a", "subj", "", S.stored_frames(fl))
+    return [(fl[0] if fl else b"", "d", None, 0, None, False, i, "s", "a", "subj", "", S.frames_value(fl))
             for i, fl in enumerate(frame_lists)]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.binary(max_size=8), max_size=4), max_size=12), st.integers(0, 12), st.integers(0, 12))
-def test_malamute_frames_stored_once_and_rebuilt_exactly(frame_lists, start, length):
-    """The log stores a single-frame message's frame once (as ``body``); ``frames`` comes back exactly,
-    for any mix of zero, one and several frames, and for slices of a batch (executors read slices)."""
-    stored = S.build_batch("malamute", _malamute_rows(frame_lists))
-    assert "frames" not in stored.schema.names
-    assert stored.column(stored.schema.get_field_index("frames_multi")).null_count == \
-        sum(1 for fl in frame_lists if len(fl) == 1)
-    start = min(start, len(frame_lists))
-    part = stored.slice(start, length)
-    rebuilt = S.project(part, S.source_arrow_schema("malamute"))
-    assert rebuilt.schema.equals(S.source_arrow_schema("malamute"))
-    assert rebuilt.column(rebuilt.schema.get_field_index("frames")).to_pylist() == frame_lists[start:start + length]
-    rebuilt.validate(full=True)
-
-
-def test_single_frame_messages_share_the_body_buffer():
-    stored = S.build_batch("malamute", _malamute_rows([[b"x" * 100], [b"y" * 100]]))
-    frames = S.project(stored, S.source_arrow_schema("malamute")).column(11)
-    assert frames.values.buffers()[2].address == stored.column(0).buffers()[2].address
+@given(st.lists(st.lists(st.binary(max_size=8), max_size=4), max_size=12))
+def test_malamute_frames_null_for_one_frame_else_all_of_them(frame_lists):
+    """A single-frame message's only frame is ``body`` and ``frames`` is null (each body is stored and
+    shipped once); otherwise ``frames`` holds the whole content, for zero frames too."""
+    batch = S.build_batch("malamute", _malamute_rows(frame_lists))
+    assert batch.schema.equals(S.source_arrow_schema("malamute"))
+    got = batch.to_pylist()
+    for row, fl in zip(got, frame_lists):
+        assert row["frames"] == (None if len(fl) == 1 else fl)
+        assert row["body"] == (fl[0] if fl else b"")
+    batch.validate(full=True)
 
 
 def test_a_projection_without_frames_does_not_build_them():
