@@ -42,12 +42,31 @@ def _validity(values: Sequence, n: int):
     return pa.py_buffer(np.packbits(present, bitorder="little")), nulls
 
 
+def _utf8(text: str) -> bytes:
+    """Valid UTF-8 for an Arrow string: the protocol decoders keep undecodable bytes as lone
+    surrogates (``surrogateescape``, so they round-trip through the clients); here the original
+    bytes' undecodable parts become U+FFFD, as any UTF-8 reader would show them."""
+    return text.encode("utf-8", "surrogateescape" if _escaped_only(text) else "replace") \
+        .decode("utf-8", "replace").encode()
+
+
+def _escaped_only(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _binary(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
     validity, nulls = _validity(values, n)
     if nulls == n:
         return pa.nulls(n, type_)
     if pa.types.is_string(type_):
-        items = [v.encode() if v is not None else b"" for v in values]
+        try:
+            items = [v.encode() if v is not None else b"" for v in values]
+        except UnicodeEncodeError:  # undecodable bytes kept as lone surrogates by the protocol decoders
+            items = [_utf8(v) if v is not None else b"" for v in values]
     elif nulls:
         items = [v if v is not None else b"" for v in values]
     else:

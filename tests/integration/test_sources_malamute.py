@@ -105,3 +105,20 @@ def test_service_worker_takes_queued_and_live_requests(spark, malamute_broker, t
     rows = spark.sql("select body, subject, sender, address, destination from mlm_service").collect()
     assert sorted(r.body for r in rows) == sorted(expected)
     assert all(r.subject.startswith("job.") and r.sender == "requester" and r.destination == "resize" for r in rows)
+
+
+def test_undecodable_subject_bytes_arrive_as_replacement_characters(spark, malamute_broker, tmp_path):
+    """A subject with bytes that are not UTF-8 (the broker passes any bytes) must not stop the
+    ingest: the string column shows them as U+FFFD, the body is untouched."""
+    bad = b"temp\xff\xfe".decode("utf-8", "surrogateescape")
+    with MalamuteClient(malamute_broker.endpoint, "producer", timeout=5) as producer:
+        producer.sendto("odd-subjects", bad, b"\x00\xff body")
+        producer.sendto("odd-subjects", "fine", b"next")
+        producer.ping()
+    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "odd-subjects")
+          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1").load())
+    q = run(spark, df, "mlm_odd", tmp_path / "ckpt", availableNow=True)
+    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
+    assert q.exception() is None, q.exception()
+    rows = spark.sql("select subject, body from mlm_odd order by offset").collect()
+    assert [(r.subject, bytes(r.body)) for r in rows] == [("temp\ufffd\ufffd", b"\x00\xff body"), ("fine", b"next")]

@@ -76,3 +76,14 @@ def test_building_and_projecting_batches_does_not_import_pandas():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
+
+
+def test_strings_with_undecodable_bytes_become_replacement_characters():
+    """The protocol decoders keep undecodable bytes as lone surrogates (surrogateescape); an Arrow
+    string must be valid UTF-8, so the column shows them as U+FFFD instead of failing the ingest."""
+    escaped = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+    col = column(["ok", escaped, None, "\ud800x"], S.ARROW_TYPES["string"])
+    col.validate(full=True)
+    assert col.to_pylist() == ["ok", "caf\ufffd \ufffd", None, "?x"]
+    headers = column([[("k\udcff", "v")]], S.ARROW_TYPES["map<string,string>"])
+    assert headers.to_pylist() == [[("k\ufffd", "v")]]
