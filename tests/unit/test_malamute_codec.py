@@ -167,3 +167,34 @@ def test_fuzz_valid_prefix_random_fields(mid, body, extra):
         codec.decode([header, *extra])
     except RemoteProtocolError:
         pass
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(codec.MESSAGE_TYPES)), st.binary(max_size=40), st.lists(st.binary(max_size=6), max_size=3),
+       st.sampled_from([None, codec.SERVER_MESSAGES, codec.CLIENT_MESSAGES]))
+def test_fast_path_decodes_exactly_as_the_general_decoder(mid, rest, content, allowed):
+    """decode's fast path (all-string headers) answers as the general decoder does, message or
+    error, for any bytes after the id: truncated, over-long, trailing, with or without content."""
+    frames = [codec.SIGNATURE + bytes((mid,)) + rest, *content]
+
+    def outcome(fn):
+        try:
+            return fn(frames, allowed)
+        except RemoteProtocolError as exc:
+            return ("error", str(exc))
+
+    assert outcome(codec.decode) == outcome(codec._decode_general)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=20), min_size=4, max_size=4), st.lists(st.binary(max_size=10), max_size=3))
+def test_deliveries_round_trip_through_the_fast_path(strings, content):
+    sender, address, subject, tracker = strings
+    for msg in (codec.MailboxDeliver(sender, address, subject, tracker, content),
+                codec.ServiceDeliver(sender, address, subject, tracker, content),
+                codec.StreamDeliver(address, sender, subject, content)):
+        try:
+            frames = codec.encode(msg)
+        except LocalProtocolError:
+            continue  # a string over 255 bytes: not encodable
+        assert codec.decode(frames, codec.SERVER_MESSAGES) == msg

@@ -288,6 +288,22 @@ SERVER_MESSAGES = frozenset({
 })
 
 
+
+def _strings_only_layouts() -> dict:
+    """id byte -> (class, id, field count, has content) for messages whose header fields are all
+    strings and whose constructor takes them in wire order: ``decode``'s fast path."""
+    import dataclasses
+    out = {}
+    for mid, cls in MESSAGE_TYPES.items():
+        names = [name for name, _ in cls.FIELDS]
+        init = [f.name for f in dataclasses.fields(cls) if f.name != "content"]
+        if all(kind is S for _, kind in cls.FIELDS) and names == init:
+            out[int(mid)] = (cls, MessageId(mid), len(names), cls.HAS_CONTENT)
+    return out
+
+
+_STRINGS_ONLY = _strings_only_layouts()
+
 # ---------------------------------------------------------------- encoding
 
 def encode_string(value: str | bytes) -> bytes:
@@ -352,7 +368,41 @@ def peek_id(header: Frame) -> MessageId:
 
 
 def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message:
-    """Decode one multipart message. ``allowed`` restricts the acceptable ids (e.g. ``SERVER_MESSAGES``)."""
+    """Decode one multipart message. ``allowed`` restricts the acceptable ids (e.g. ``SERVER_MESSAGES``).
+
+    Messages whose header holds only strings (the deliveries among them: every received message
+    but the replies) take a fast path; anything it does not accept goes through the general decoder,
+    which raises the precise error."""
+    if frames:
+        header = frames[0]
+        if not isinstance(header, bytes):
+            header = bytes(header)
+        n = len(header)
+        fast = _STRINGS_ONLY.get(header[2]) if n >= HEADER_PREFIX_LEN and header[0] == 0xAA and \
+            header[1] == 0xA8 else None
+        if fast is not None and (allowed is None or fast[1] in allowed):
+            cls, _, count, has_content = fast
+            values = []
+            offset = HEADER_PREFIX_LEN
+            for _ in range(count):
+                if offset >= n:
+                    break
+                end = offset + 1 + header[offset]
+                if end > n:
+                    break
+                values.append(header[offset + 1:end].decode(_ENCODING, _ERRORS))
+                offset = end
+            else:
+                if offset == n:
+                    if has_content:
+                        return cls(*values, content=list(frames[1:]))
+                    if len(frames) == 1:
+                        return cls(*values)
+        return _decode_general([header, *frames[1:]], allowed)
+    return _decode_general(frames, allowed)
+
+
+def _decode_general(frames: Sequence[Frame], allowed: frozenset | None) -> Message:
     if not frames:
         raise RemoteProtocolError("empty message: no header frame")
     header = frames[0]
