@@ -207,7 +207,7 @@ def page() -> str:
         "which overlap for large bodies; an availableNow run without a queue depth (STOMP, Malamute) ends",
         "after `quietPeriod` (0.5 s in the benchmark) of silence. That fixed part is 20-25% of a run here.",
         "The raw Malamute client does nothing per message but take it from the list its IO thread hands over",
-        "(33,000-54,000 msg/s), so its ratio measures the whole Spark path against almost nothing.",
+        "(38,000-62,000 msg/s in the latest run), so its ratio measures the whole Spark path against almost nothing.",
         "",
     ]
     return "\n".join(parts)
