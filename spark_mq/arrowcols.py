@@ -13,6 +13,7 @@ Arrow conversion. ``pa.array`` stays the fallback for types this module does not
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +22,8 @@ import pyarrow as pa
 from spark_mq.errors import SparkMqError
 
 __all__ = ["column", "offsets_array"]
+
+log = logging.getLogger("spark_mq.arrowcols")
 
 _INT32_MAX = 2**31 - 1
 
@@ -46,16 +49,11 @@ def _utf8(text: str) -> bytes:
     """Valid UTF-8 for an Arrow string: the protocol decoders keep undecodable bytes as lone
     surrogates (``surrogateescape``, so they round-trip through the clients); here the original
     bytes' undecodable parts become U+FFFD, as any UTF-8 reader would show them."""
-    return text.encode("utf-8", "surrogateescape" if _escaped_only(text) else "replace") \
-        .decode("utf-8", "replace").encode()
-
-
-def _escaped_only(text: str) -> bool:
     try:
-        text.encode("utf-8", "surrogateescape")
-        return True
-    except UnicodeEncodeError:
-        return False
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder of ours makes: "?"
+        raw = text.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace").encode()
 
 
 def _binary(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
@@ -85,7 +83,15 @@ def _integers(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
     if nulls == n:
         return pa.nulls(n, type_)
     dtype = np.int32 if type_.bit_width == 32 else np.int64
-    data = np.fromiter((v if v is not None else 0 for v in values) if nulls else values, dtype=dtype, count=n)
+    try:
+        data = np.fromiter((v if v is not None else 0 for v in values) if nulls else values, dtype=dtype, count=n)
+    except OverflowError:
+        # a value from the wire the column cannot hold (a STOMP priority of 3e9, an AMQP timestamp
+        # near 2**64): null, rather than a message that fails every group it is in, forever
+        info = np.iinfo(dtype)
+        kept = [v if v is not None and info.min <= v <= info.max else None for v in values]
+        log.warning("%d value(s) out of the range of a %s column stored as null", kept.count(None) - nulls, type_)
+        return _integers(kept, type_, n)
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(data)], null_count=nulls)
 
 

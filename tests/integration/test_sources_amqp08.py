@@ -84,6 +84,26 @@ def test_available_now_exactly_once_with_properties(spark, rabbitmq, unique_name
     assert figures["brokerQueueDepth"] == 0 and figures["reconnects"] == 0
 
 
+def test_property_values_a_column_cannot_hold_do_not_stop_the_query(spark, rabbitmq, unique_name, tmp_path):
+    """A timestamp of 2**64-1 seconds (no int64 of microseconds holds it) and a type that is not
+    UTF-8 arrive as null and U+FFFD: before, the group failed, the query with it, and the broker
+    redelivered the message into the same failure after every restart."""
+    url = rabbitmq.url("amqp")
+    queue = unique_name("odd")
+
+    def props(i):
+        if i == 0:
+            return BasicProperties(message_id="id0", timestamp=2**64 - 1, type="t\udcff", delivery_mode=2)
+        return BasicProperties(message_id=f"id{i}", timestamp=1_700_000_000, delivery_mode=2)
+
+    publish(url, queue, 3, props=props)
+    run_available_now(reader(spark, url, queue, tmp_path / "log"), "amqp_odd", tmp_path / "ckpt")
+    rows = spark.sql("select body, timestamp, type from amqp_odd order by offset").collect()
+    assert [r.body for r in rows] == [b"m0", b"m1", b"m2"]
+    assert rows[0].timestamp is None and rows[0].type == "t\ufffd"
+    assert rows[1].timestamp.timestamp() == 1_700_000_000 and rows[1].type is None
+
+
 def wait_rows(spark, table: str, count: int, timeout: float = QUERY_TIMEOUT) -> int:
     deadline = time.monotonic() + timeout
     n = 0

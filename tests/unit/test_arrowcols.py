@@ -87,3 +87,12 @@ def test_strings_with_undecodable_bytes_become_replacement_characters():
     assert col.to_pylist() == ["ok", "caf\ufffd \ufffd", None, "?x"]
     headers = column([[("k\udcff", "v")]], S.ARROW_TYPES["map<string,string>"])
     assert headers.to_pylist() == [[("k\ufffd", "v")]]
+
+
+def test_integers_out_of_the_column_range_become_null():
+    """A header value the column cannot hold must not fail the group (the broker would redeliver
+    the message into the same failure forever): it is stored as null."""
+    assert column([1, 3_000_000_000, None, -5], S.ARROW_TYPES["int"]).to_pylist() == [1, None, None, -5]
+    assert column([2**64, 7], S.ARROW_TYPES["bigint"]).to_pylist() == [None, 7]
+    ts = column([2**70 * 1_000_000, 1_000_000], S.ARROW_TYPES["timestamp"])
+    assert ts.null_count == 1 and ts.is_valid().to_pylist() == [False, True]
