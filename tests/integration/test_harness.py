@@ -164,7 +164,10 @@ def test_activemq_with_users_rejects_a_wrong_passcode(activemq_isolated):
     broker = activemq_isolated(users={"alice": "s3cret"})
     assert broker.url("stomp") == f"stomp://alice:s3cret@127.0.0.1:{broker.stomp_port}"
     assert brokers.stomp_probe(broker.stomp_port, login="alice", passcode="s3cret").startswith(b"CONNECTED")
-    assert brokers.stomp_probe(broker.stomp_port, login="alice", passcode="nope").startswith(b"ERROR")
+    # ActiveMQ answers ERROR and closes the connection; under load its close can overtake the ERROR
+    # frame (seen once in CI: the probe read end-of-stream, no bytes). Either way it did not accept.
+    refused = brokers.stomp_probe(broker.stomp_port, login="alice", passcode="nope")
+    assert refused == b"" or refused.startswith(b"ERROR"), refused
 
 
 def test_rabbitmq_extra_vhost_and_user(rabbitmq, unique_name):
