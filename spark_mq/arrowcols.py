@@ -103,20 +103,25 @@ def _booleans(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(bits)], null_count=nulls)
 
 
+def _list_offsets(values: Sequence, n: int) -> pa.Array:
+    """int32 offsets of a list-like column (a null entry is empty)."""
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int64, count=n),
+              out=offsets[1:])
+    return offsets_array(offsets)
+
+
 def _map(values: Sequence, type_: pa.MapType, n: int) -> pa.Array:
     """map<string,string> from lists of (key, value) pairs (or None)."""
     validity, nulls = _validity(values, n)
     if nulls == n:
         return pa.nulls(n, type_)
-    lens = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int64, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
+    off = _list_offsets(values, n)
     pairs = [kv for v in values if v for kv in v]
     keys = column([k for k, _ in pairs], type_.key_type)
     items = column([v for _, v in pairs], type_.item_type)
     if keys.null_count:
         raise SparkMqError("a header without a name cannot be a map key")
-    off = offsets_array(offsets)
     arr = pa.MapArray.from_arrays(off, keys, items, type=type_)
     if nulls:  # from_arrays takes nulls from the offsets only: rebuild with the validity bitmap
         arr = pa.Array.from_buffers(type_, n, [validity, off.buffers()[1]], null_count=nulls,
@@ -128,11 +133,8 @@ def _list(values: Sequence, type_: pa.ListType, n: int) -> pa.Array:
     validity, nulls = _validity(values, n)
     if nulls == n:
         return pa.nulls(n, type_)
-    lens = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int64, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
     flat = column([x for v in values if v for x in v], type_.value_type)
-    return pa.Array.from_buffers(type_, n, [validity, offsets_array(offsets).buffers()[1]], null_count=nulls,
+    return pa.Array.from_buffers(type_, n, [validity, _list_offsets(values, n).buffers()[1]], null_count=nulls,
                                  children=[flat])
 
 

@@ -33,7 +33,7 @@ from spark_mq.errors import SparkMqError
 
 __all__ = [
     "CORE_COLUMNS", "SOURCE_COLUMNS", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
-    "to_arrow_schema", "stored_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value",
+    "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value",
 ]
 
 
@@ -137,11 +137,6 @@ def source_arrow_schema(fmt: str) -> pa.Schema:
     return schema
 
 
-def stored_arrow_schema(fmt: str) -> pa.Schema:
-    """The Arrow schema of batches in the source log: the source schema."""
-    return source_arrow_schema(fmt)
-
-
 def frames_value(frames: list):
     """The ``frames`` column's value for a Malamute message's frames: None for exactly one frame."""
     return None if len(frames) == 1 else frames
@@ -167,7 +162,7 @@ def build_batch(fmt: str, rows: Sequence[tuple]) -> pa.RecordBatch:
     Values: bytes, str, ints (timestamp as microseconds since the epoch, UTC), bool, a list of
     (key, value) pairs or None for ``headers``, ``frames_value(frames)`` for ``frames``.
     """
-    schema = stored_arrow_schema(fmt)
+    schema = source_arrow_schema(fmt)
     if not rows:
         return _empty_batch(schema)
     columns = list(zip(*rows))
@@ -198,5 +193,5 @@ def project(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
 
 def check_user_schema(fmt: str, target: pa.Schema) -> None:
     """Fail at planning time, naming the column, when a user schema cannot be served."""
-    project(_empty_batch(stored_arrow_schema(fmt)), target)
+    project(_empty_batch(source_arrow_schema(fmt)), target)
 

@@ -117,7 +117,7 @@ class Ingest:
         # never waits for deliveries the broker will not send before the ack.
         self._group_limit = opts.fsyncMessages if self.ack_mode == "auto" else \
             max(1, min(opts.fsyncMessages, self.prefetch // 2))
-        self.log = SourceLog(opts.logLocation, S.stored_arrow_schema(fmt), fsync=opts.fsync,
+        self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
         self._cond = threading.Condition()

@@ -12,7 +12,7 @@ from spark_mq import schema as S
 from spark_mq.sourcelog import DataLossError, LogCorruptError, SourceLog, read_slice
 
 FMT = "malamute"
-SCHEMA = S.stored_arrow_schema(FMT)
+SCHEMA = S.source_arrow_schema(FMT)
 
 
 def rows(first: int, count: int, size: int = 10) -> pa.RecordBatch:
