@@ -144,7 +144,7 @@ case "$verb" in
     setup_java; setup_python; setup_brokers
     if ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
       log "installing the bench extra (matplotlib, for the plots) into $VENV"
-      "$VENV/bin/python" -m pip install -q -e ".[bench]" </dev/null >>"$VENV/pip-install.log" 2>&1 ||
+      "$VENV/bin/python" -m pip install -q -e ".[bench]" --config-settings editable_mode=compat </dev/null >>"$VENV/pip-install.log" 2>&1 ||
         die "pip install -e .[bench] failed (log: $VENV/pip-install.log)"
     fi
     exec "$VENV/bin/python" -m bench "$@" </dev/null ;;

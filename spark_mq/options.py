@@ -442,6 +442,9 @@ SOURCE_OPTIONS = define(
                doc="Group messages for this long before one append+fsync (and, in durable mode, one ack)."),
     OptionSpec("fsyncMessages", OptionType.INT, default=20_000, minimum=1, directions=_SRC,
                doc="Append+fsync at most this many messages at once."),
+    OptionSpec("fsyncBytes", OptionType.SIZE, default=1 << 20, minimum=1, directions=_SRC, doc=(
+        "Aim for groups of about this many body bytes (the count per group follows the recent body size, "
+        "within fsyncMessages): large groups of large bodies cost more CPU per message (measured).")),
     OptionSpec("fsync", OptionType.BOOL, default=True, directions=_SRC,
                doc="fsync the log (false: faster, loses the last group on a machine crash; not on a process crash)."),
     OptionSpec("segmentBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,

@@ -471,32 +471,22 @@ _FS_CACHE: dict = {}
 
 def read_slice(s: LogSlice, fs: Optional[pafs.FileSystem] = None) -> Iterator[pa.RecordBatch]:
     """The record batches of ``s``, cut to ``[s.lo, s.hi)``: the bytes the log wrote, read back.
-    Raises ``FileNotFoundError`` when the segment is gone."""
+    Raises ``FileNotFoundError`` when the segment is gone.
+
+    One read per batch message, decoded in place: a batch's buffers are slices of the bytes read
+    (no copy into Python bytes, no joining of the slice into one buffer), and only the batch being
+    handed over is held, not the whole slice (up to ``segmentBytes``)."""
     if fs is None:
         fs = _FS_CACHE.get(s.location)
         if fs is None:
             fs = _FS_CACHE[s.location] = open_filesystem(s.location)[0]
     with fs.open_input_file(s.path) as f:
-        head = f.read_at(s.schema_len, 0)
-        parts = [head]
-        # adjacent pieces are read in one call
-        start, stop = None, None
-        for pos, length, _first, _count in s.pieces:
-            if start is None:
-                start, stop = pos, pos + length
-            elif pos == stop:
-                stop += length
-            else:
-                parts.append(f.read_at(stop - start, start))
-                start, stop = pos, pos + length
-        if start is not None:
-            parts.append(f.read_at(stop - start, start))
-    data = b"".join(p.to_pybytes() if hasattr(p, "to_pybytes") else p for p in parts)
-    reader = pa.ipc.open_stream(pa.py_buffer(data))
-    for (pos, length, first, count), batch in zip(s.pieces, reader):
-        a = max(s.lo, first) - first
-        z = min(s.hi, first + count) - first
-        if a == 0 and z == count:
-            yield batch
-        elif z > a:
-            yield batch.slice(a, z - a)
+        schema = pa.ipc.read_schema(pa.ipc.read_message(f.read_at(s.schema_len, 0)))
+        for pos, length, first, count in s.pieces:
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(f.read_at(length, pos)), schema)
+            a = max(s.lo, first) - first
+            z = min(s.hi, first + count) - first
+            if a == 0 and z == count:
+                yield batch
+            elif z > a:
+                yield batch.slice(a, z - a)
