@@ -207,7 +207,7 @@ def page() -> str:
         "which overlap for large bodies; an availableNow run without a queue depth (STOMP, Malamute) ends",
         "after `quietPeriod` (0.5 s in the benchmark) of silence. That fixed part is 20-25% of a run here.",
         "The raw Malamute client does nothing per message but take it from the list its IO thread hands over",
-        "(38,000-62,000 msg/s in the latest runs), so its ratio measures the whole Spark path against almost nothing.",
+        "(51,700-70,200 msg/s in the latest run), so its ratio measures the whole Spark path against almost nothing.",
         "",
         "Where the CPU goes (2 cores, traced 2026-11-23 with per-thread CPU from /proc and JFR, 100,000 x 4 KiB):",
         "",
