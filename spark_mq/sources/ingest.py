@@ -118,10 +118,9 @@ class Ingest:
         self._group_limit = opts.fsyncMessages if self.ack_mode == "auto" else \
             max(1, min(opts.fsyncMessages, self.prefetch // 2))
         # ... and about ``fsyncBytes`` of bodies: the count follows the last group's mean body size.
-        # Measured (4 KiB bodies, ingest thread alone): 20,000-message groups (80 MB) cost 20-22 us
-        # of CPU per message, 250-message groups (1 MB) 8-9 us: a group that fits the CPU caches is
-        # copied (join, IPC serialization, write) from cache, and large fresh buffers page-fault.
-        self._group_bytes = opts.fsyncBytes
+        # ``./dev bench sourcelog``: 4 KiB bodies cost 15.4 us of CPU per message to build, append and
+        # fsync in 20,000-message groups (80 MB), 5.0 us in 1 MiB groups: a group that fits the CPU
+        # caches is copied (join, IPC serialization, write) from cache; large fresh buffers page-fault.
         self._group_count = self._group_limit
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes)
@@ -339,7 +338,7 @@ class Ingest:
     def _size_groups(self, body_bytes: int, count: int) -> None:
         """The next group's message count: about ``fsyncBytes`` of bodies at the last group's mean size."""
         mean = max(1, body_bytes // count)
-        self._group_count = max(1, min(self._group_limit, self._group_bytes // mean))
+        self._group_count = max(1, min(self._group_limit, self.opts.fsyncBytes // mean))
 
     # -- availableNow -----------------------------------------------------------------------------
 
