@@ -43,6 +43,7 @@ Body = Union[bytes, bytearray, memoryview, str]
 _FORWARD = b"F"
 _COMMAND = b"C"
 _STOP = b"S"
+_WAKE = b"W"
 _MAX_POLL_MS = 100
 _DRAIN = 1024
 _DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)
@@ -77,6 +78,7 @@ class MalamuteClient:
         confirm_supported: bool = False,
         request_timeout: float = 10.0,
         hwm: int = 100_000,
+        max_buffered: Optional[int] = None,
         context: Optional[zmq.Context] = None,
         on_event: Optional[Callable[[object], None]] = None,
     ) -> None:
@@ -90,6 +92,13 @@ class MalamuteClient:
         # a queue hand-off per message cost more than decoding it
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ready: deque = deque()
+        # Flow control towards the application: with ``max_buffered``, the IO thread stops reading
+        # the socket while that many deliveries are handed over and not yet taken; the rest waits
+        # in ZeroMQ (up to ``hwm``), then in TCP, then in the broker. Each counter has one writer.
+        self.max_buffered = max_buffered
+        self._given = 0   # deliveries handed over (IO thread)
+        self._taken = 0   # deliveries taken by recv/recv_many (application)
+        self._blocked = False  # the IO thread waits for the application to take some
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -189,9 +198,11 @@ class MalamuteClient:
         ready = self._ready
         if ready or self._fill(timeout):
             try:
-                return ready.popleft()
+                msg = ready.popleft()
             except IndexError:  # another thread took it
                 return None
+            self._took(1)
+            return msg
         return None
 
     def recv_many(self, max_count: int, timeout: Optional[float] = None) -> list:
@@ -208,7 +219,24 @@ class MalamuteClient:
                 out.append(pop())
         except IndexError:
             pass
+        self._took(len(out))
         return out
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries received and handed over by the IO thread, not yet taken by ``recv``."""
+        return max(0, self._given - self._taken)
+
+    def _took(self, count: int) -> None:
+        self._taken += count
+        # wake a blocked IO thread once half the bound is free (it sets _blocked before its last
+        # look at the counters, so a wake is never missed for longer than one poll timeout)
+        if self._blocked and self._given - self._taken <= (self.max_buffered or 0) // 2:
+            self._blocked = False
+            try:
+                self._pipe([_WAKE])
+            except ConnectionClosedError:
+                pass
 
     def _fill(self, timeout: Optional[float]) -> bool:
         """Move handed-over deliveries to ``_ready``, waiting up to ``timeout`` for some; True if any."""
@@ -304,15 +332,25 @@ class MalamuteClient:
         backlog: deque = deque()
         clock = time.monotonic
         noblock = zmq.NOBLOCK
+        limit = self.max_buffered
         while True:
             now = clock()
             wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
-            if backlog:
-                poller.modify(dealer, zmq.POLLIN | zmq.POLLOUT)
+            room = limit is None or self._given - self._taken < limit
+            if not room:
+                self._blocked = True
+                room = self._given - self._taken < limit  # taken meanwhile: no wake will come
+                if room:
+                    self._blocked = False
+            mask = (zmq.POLLIN if room else 0) | (zmq.POLLOUT if backlog else 0)
+            if mask != zmq.POLLIN:
+                poller.modify(dealer, mask)
             poller.poll(wait_ms)
-            if backlog:
-                poller.modify(dealer, zmq.POLLIN)
             now = clock()
+            if mask != zmq.POLLIN:
+                poller.modify(dealer, zmq.POLLIN)
+                if not room and dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    proto.heard(now)  # replies wait behind deliveries we do not read yet
             # application -> broker
             for _ in range(_DRAIN):
                 try:
@@ -335,9 +373,11 @@ class MalamuteClient:
                             self._futures[token] = future
                 elif kind == _STOP:
                     return
-            # broker -> application
+                # _WAKE: the application took deliveries; this pass reads the socket again
+            # broker -> application (as much as the application has room for)
             deliveries: list = []
-            for _ in range(_DRAIN):
+            drain = _DRAIN if limit is None else max(0, min(_DRAIN, limit - (self._given - self._taken)))
+            for _ in range(drain):
                 try:
                     frames = dealer.recv_multipart(noblock)
                 except zmq.Again:
@@ -349,6 +389,7 @@ class MalamuteClient:
                     continue
                 self._dispatch(events, deliveries)
             if deliveries:
+                self._given += len(deliveries)
                 self._inbox.put(deliveries)
             self._dispatch(proto.tick(now))
             backlog.extend(proto.data_to_send())
@@ -369,6 +410,7 @@ class MalamuteClient:
                     future.set_result(event)
             elif isinstance(event, _DELIVERIES):
                 if deliveries is None:
+                    self._given += 1
                     self._inbox.put([event])
                 else:
                     deliveries.append(event)

@@ -10,9 +10,11 @@ Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STR
 
 Malamute has no acknowledgements: once the client holds a message the broker forgets it, so only
 the source log protects it (appended and fsynced in groups, as in every mode). There is no queue
-depth either: availableNow ends after ``quietPeriod`` without messages. There is no credit-based
-pause: while the log is over its bound, deliveries wait in the client (up to its ZeroMQ high-water
-mark, then in the broker).
+depth either: availableNow ends after ``quietPeriod`` without messages. There is no pause message
+either: while the log is over its bound the ingest stops taking deliveries, the client stops
+reading once it holds ``prefetch`` of them (and as many in ZeroMQ), and the rest waits in TCP and
+the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
+take, as Malamute streams do).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import uuid
 from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
-from spark_mq.sources.base import MQDataSource
+from spark_mq.sources.base import MQDataSource, prefetch_of
 from spark_mq.sources.connect import connect_malamute
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
@@ -51,7 +53,12 @@ class MalamuteConsumer:
         else:
             address = opts.get("address") or f"spark-mq-{uuid.uuid4().hex[:12]}"
             self.destination = opts.get("stream") or opts.get("service")
-        self.client = connect_malamute(opts, address, start=attempt)
+        # ``prefetch`` bounds what the client holds ahead of the ingest, as it bounds unacked
+        # deliveries in AMQP and STOMP: at most that many handed over and as many again in ZeroMQ;
+        # the rest waits in TCP and the broker. A short hand-off keeps bodies in the CPU caches
+        # from socket to log, and the reader's memory independent of the broker's backlog.
+        prefetch = prefetch_of(opts)
+        self.client = connect_malamute(opts, address, start=attempt, hwm=prefetch, max_buffered=prefetch)
         try:
             if opts.get("stream"):
                 self.client.set_consumer(opts.stream, opts.pattern)
@@ -102,7 +109,7 @@ class MalamuteConsumer:
         return None
 
     def buffered(self) -> int:
-        return 0
+        return self.client.buffered
 
     def close(self) -> None:
         self.client.close(timeout=1.0)

@@ -381,3 +381,55 @@ def test_recv_and_recv_many_take_every_delivery_once_in_order(clients):
             got.extend(many)
     assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(n)]
     assert reader.recv_many(10, timeout=0.3) == [] and reader.recv(timeout=0.1) is None
+
+
+def test_max_buffered_holds_back_reading_and_loses_nothing():
+    """A client with ``max_buffered`` stops reading its socket while that many deliveries wait for
+    the application: the rest stays in ZeroMQ (``hwm``), TCP and the broker's mailbox, and every
+    message still arrives once, in order, when the application takes them."""
+    from spark_mq.malamute_broker.server import serve
+
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    broker = serve([endpoint], hwm=100, client_timeout=30.0)
+    try:
+        n, bound = 5000, 50
+        with MalamuteClient(endpoint, "", timeout=5) as sender:
+            for i in range(n):
+                sender.sendto("held", "s", f"m{i}".encode())
+            sender.ping()
+        with MalamuteClient(endpoint, "held", timeout=5, hwm=bound, max_buffered=bound) as reader:
+            time.sleep(1.0)  # not taking anything: the IO thread must stop at the bound
+            assert reader.buffered == bound
+            assert broker.stats["unroutable"] > 0  # the broker met a full queue and kept the mail
+            got: list = []
+            deadline = time.monotonic() + 60
+            while len(got) < n and time.monotonic() < deadline:
+                got.extend(reader.recv_many(30, timeout=1.0))
+                assert reader.buffered <= bound
+            assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(n)]
+            assert reader.buffered == 0 and reader.recv(timeout=0.2) is None
+    finally:
+        broker.stop()
+
+
+def test_held_back_reader_is_not_declared_lost_and_answers_requests():
+    """While deliveries wait unread (the application is behind), the broker's answers queue behind
+    them: the client must not conclude from its own unread socket that the server is silent, and
+    a request made meanwhile is answered once the application catches up."""
+    events: list = []
+    with brokers.malamute_running(client_timeout=10.0) as broker:
+        with MalamuteClient(broker.endpoint, "", timeout=5) as sender:
+            for i in range(300):
+                sender.sendto("slow", "s", f"m{i}".encode())
+            sender.ping()
+        with MalamuteClient(broker.endpoint, "slow", timeout=5, heartbeat=0.2, server_timeout=0.8,
+                            hwm=10, max_buffered=10, on_event=events.append) as reader:
+            time.sleep(2.5)  # three server timeouts without taking anything
+            assert reader.buffered == 10
+            assert reader.connected
+            done = threading.Event()
+            threading.Thread(target=lambda: (reader.ping(timeout=20), done.set()), daemon=True).start()
+            got = recv_all(reader, 300, timeout=30)
+            assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(300)]
+            assert done.wait(10), "the PING made while deliveries were held back was never answered"
+    assert not any(type(e).__name__ == "ServerLost" for e in events), events

@@ -105,6 +105,16 @@ def test_server_lost_after_silence_then_back():
     assert conn.state is State.CONNECTED
 
 
+def test_unread_data_from_the_server_is_not_silence():
+    """``heard``: the transport holds unread messages (the application is behind); no ServerLost."""
+    conn = opened(now=0.0)
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+        conn.heard(t)
+        assert ServerLost() not in conn.tick(t)
+    assert conn.state is State.CONNECTED
+    assert ServerLost() in conn.tick(10.5)  # really silent since 6.0
+
+
 def test_error_to_ping_triggers_reopen_and_replay():
     conn = opened("me", 0.0)
     for token_call in (lambda: conn.set_producer("out"), lambda: conn.set_consumer("in", "^a"),

@@ -335,6 +335,11 @@ class ClientConnection:
 
     # ------------------------------------------------------------ time
 
+    def heard(self, now: float) -> None:
+        """The transport holds unread messages from the server (the application is behind, and
+        reading is held back): the server is not silent, whatever ``tick`` would conclude."""
+        self._last_heard = now
+
     def next_deadline(self) -> float:
         """When ``tick`` next has something to do."""
         if self.state is State.OPENING:
