@@ -12,7 +12,10 @@ memory must follow the bound, not the message count.
     python -m bench sources --only=stomp --memory=0 --rounds=1
 
 Each format and size is measured ``--rounds`` times (3 by default), all pairs once per round; the
-round with the median ratio is reported, with every round's ratio kept in the results file.
+round with the median ratio is reported, with every round's ratio kept in the results file. Every
+run also records the CPU seconds spent by each kind of process (raw client or Spark driver, the
+driver-side reader process, the JVM, the executor Python workers, the broker), sampled from /proc:
+on a machine with few cores the source's rate is bounded by their sum.
 
 Before the measured runs, one small query per format (two partitions) warms the JVM and both
 executor Python workers (costs of the first query in a Spark session, not of the source).
@@ -28,7 +31,7 @@ import threading
 import time
 import uuid
 
-from bench.common import harness, write_results
+from bench.common import ProcessCpu, harness, write_results
 
 SIZES = {"100B": 100, "4KiB": 4096}
 # Large enough that Spark's fixed cost of starting a query (~2-3 s here: the reader process, planning)
@@ -273,10 +276,12 @@ def main(argv: list[str]) -> dict:
                     n = counts[label]
                     name = f"bench-{fmt}-{label}-{uuid.uuid4().hex[:6]}"
                     preload(name + "-raw", n, size)
-                    got_raw, raw_s = raw(name + "-raw", n)
+                    with ProcessCpu() as raw_cpu:
+                        got_raw, raw_s = raw(name + "-raw", n)
                     preload(name, n, size)
-                    got_src, src_s, _, batch_s = run_source(spark, fmt, options(name),
-                                                            tempfile.mkdtemp(prefix="bench-log-"))
+                    with ProcessCpu() as src_cpu:
+                        got_src, src_s, _, batch_s = run_source(spark, fmt, options(name),
+                                                                tempfile.mkdtemp(prefix="bench-log-"))
                     if got_raw != n or got_src != n:
                         raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src} of {n} "
                                            f"preloaded: the rates would not compare the same work")
@@ -285,10 +290,15 @@ def main(argv: list[str]) -> dict:
                     row = {"n": n, "raw_received": got_raw, "source_rows": got_src, "round": rnd + 1,
                            "raw_msgs_per_s": raw_rate, "source_msgs_per_s": src_rate,
                            "source_in_batches_msgs_per_s": batch_rate,
-                           "ratio": src_rate / raw_rate, "ratio_in_batches": batch_rate / raw_rate}
+                           "ratio": src_rate / raw_rate, "ratio_in_batches": batch_rate / raw_rate,
+                           "raw_seconds": raw_s, "source_seconds": src_s,
+                           # CPU seconds by process during each run ("driver" is this process: the raw
+                           # client itself in the raw run; py4j and the CPU sampler in the source run)
+                           "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds}
                     measured.setdefault((fmt, label), []).append(row)
                     print(f"round {rnd + 1}: {fmt} {label} raw {raw_rate:.0f} msg/s, source {src_rate:.0f} msg/s, "
-                          f"ratio {src_rate / raw_rate:.2f}", flush=True)
+                          f"ratio {src_rate / raw_rate:.2f}; CPU s raw {raw_cpu.seconds}, source {src_cpu.seconds}",
+                          flush=True)
         for (fmt, label), runs in measured.items():
             median = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
             figures[f"{fmt}_{label}"] = {**median, "rounds": len(runs),

@@ -72,6 +72,61 @@ def sink_rows() -> list[tuple[str, float, float, float]]:
             for fmt, row in r["sinks"].items()]
 
 
+_CPU_KINDS = (("reader", "reader process"), ("jvm", "JVM"), ("pyworkers", "Python workers"),
+              ("broker", "broker"), ("driver", "driver"))
+
+
+def cpu_rows() -> list[tuple]:
+    """(label, raw s, raw client CPU, raw broker CPU, source s, {kind: CPU s}, cores) for the median
+    round of each format and size, where the results hold the CPU figures."""
+    r = _load("sources")
+    if not r:
+        return []
+    out = []
+    for k in sorted(k for k in r if isinstance(r[k], dict) and "source_cpu" in r[k]):
+        row = r[k]
+        out.append((k.replace("_", " "), row["raw_seconds"], row["raw_cpu"].get("driver", 0.0),
+                    row["raw_cpu"].get("broker", 0.0), row["source_seconds"], row["source_cpu"], r.get("cpus") or 1))
+    return out
+
+
+def cpu_section() -> list[str]:
+    rows = cpu_rows()
+    if not rows:
+        return []
+    cores = rows[0][6]
+    lines = [
+        "## Where the CPU goes",
+        "",
+        f"CPU seconds by process during the median round's runs ({cores} cores; user + system, all threads,",
+        "sampled from /proc by `bench.common.ProcessCpu`). The raw client runs in the benchmark's own process;",
+        "in a source run the *reader process* is the driver-side Python process holding the ingest thread and",
+        "the protocol client, the *JVM* is Spark's driver and executor (local mode), the *Python workers* read",
+        "the log's segments for the tasks. *Floor* is the sum of all of it divided by the cores: no schedule",
+        "finishes the source run faster on this machine.",
+        "",
+        "| format, size | raw: s | raw: client CPU | raw: broker CPU | source: s | "
+        + " | ".join(label for _, label in _CPU_KINDS) + " | floor s | JVM / cores s |",
+        "|---" * (7 + len(_CPU_KINDS)) + "|",
+    ]
+    for label, raw_s, raw_client, raw_broker, src_s, cpu, cores in rows:
+        total = sum(cpu.values())
+        lines.append(f"| {label} | {raw_s:.2f} | {raw_client:.2f} | {raw_broker:.2f} | {src_s:.2f} | "
+                     + " | ".join(f"{cpu.get(kind, 0.0):.2f}" for kind, _ in _CPU_KINDS)
+                     + f" | {total / cores:.2f} | {cpu.get('jvm', 0.0) / cores:.2f} |")
+    lines += [
+        "",
+        "Where the JVM's own CPU alone, spread over the cores (*JVM / cores*), exceeds the raw client's whole",
+        "run divided by 0.7, a source ratio of 0.7 cannot be reached on this machine whatever the Python side",
+        "costs; *raw s / floor* is the best ratio the measured total allows. Spark's JIT compiles each new",
+        "query's code (it did not settle over the queries of one session), and its streaming plan copies each",
+        "body from the Python worker's Arrow batch into a row and again through an identity `Project` (JFR",
+        "traces, 2026-11-23). A long-running stream pays the JIT once; the copies stay.",
+        "",
+    ]
+    return lines
+
+
 def memory_run() -> dict | None:
     r = _load("sources")
     return r.get("memory") if r else None
@@ -202,28 +257,15 @@ def page() -> str:
         "(about 2-3 s here: the driver-side reader process, planning, the first task) included; *batch time",
         "only* divides by the summed `triggerExecution` of the micro-batches. The raw client has no start-up",
         "cost at all. Traced on 100,000 x 4 KiB Malamute mails: about 2 s pass between `start()` and Spark's",
-        "first call into the source (the JVM's query start and the reader process; a bare",
-        "`import` of pyspark's source runner takes 0.56 s), 0.2 s connecting, then the drain and the reads,",
-        "which overlap for large bodies; an availableNow run without a queue depth (STOMP, Malamute) ends",
-        "after `quietPeriod` (0.5 s in the benchmark) of silence. That fixed part is 20-25% of a run here.",
-        "The raw Malamute client does nothing per message but take it from the list its IO thread hands over",
-        "(51,700-70,200 msg/s in the latest run), so its ratio measures the whole Spark path against almost nothing.",
-        "",
-        "Where the CPU goes (2 cores, traced 2026-11-23 with per-thread CPU from /proc and JFR, 100,000 x 4 KiB):",
-        "",
-        "- the JVM's JIT compiler threads take 1.4-1.8 CPU-seconds per query (4.9 s in a 300,000-message query),",
-        "  compiling Spark's own code; it did not settle over four queries in one JVM (a young JVM; a long-running",
-        "  stream pays it once). Executor task threads take 0.7-1.2 s: Spark's streaming plan keeps an identity",
-        "  `Project` over the Python scan, so each body is copied from Arrow into a row and then again;",
-        "- the driver-side reader process (Malamute): the ingest thread 1.7 s, the client's IO thread 1.6 s and",
-        "  ZeroMQ's IO thread 1.5 s, against 1.3 s for the whole raw client consuming the same mails alone: the",
-        "  same client work costs more on cores shared with the JVM, the broker and the executor's worker;",
-        "- the ingest thread alone, on mails already in the client, costs 8-10 us per 4 KiB message (groups of",
-        "  `fsyncBytes`, 1 MiB) and 4 us per 100 B message.",
-        "",
-        "The 4 KiB figures are bound by that sum on two cores; at 100 B the drain itself dominates.",
+        "first call into the source (the JVM's query start, and the reader process, which imports pyspark from",
+        "Spark's `pyspark.zip` and so compiles it from source every time), 0.2 s connecting, then the drain",
+        "and the reads, which overlap; an availableNow run without a queue depth (STOMP, Malamute) ends after",
+        "`quietPeriod` (0.5 s in the benchmark) of silence. The raw Malamute client does nothing per message",
+        "but take it from the list its IO thread hands over, so its ratio measures the whole Spark path",
+        "against almost nothing.",
         "",
     ]
+    parts += cpu_section()
     return "\n".join(parts)
 
 
