@@ -4,11 +4,11 @@ For each format (amqp08 on RabbitMQ, stomp on RabbitMQ's STOMP plugin, malamute 
 broker) and body size (100 B, 4 KiB): preload N messages, time our raw client consuming (and
 acking) them; preload N again, time a ``trigger(availableNow=True)`` query from the source to the
 ``noop`` sink (start to termination, Spark's planning included). Then one long amqp08 run with a
-small log bound, sampling the RSS of the driver-side reader process (the one running the ingest):
-memory must follow the bound, not the message count.
+small log bound, sampling the RSS of the driver-side reader process (the one running the ingest),
+and one on malamute: memory must follow the bound, not the message count.
 
-    python -m bench sources                 # ~6 minutes: N=200,000 (100 B), 100,000 (4 KiB), 200,000 for memory
-    python -m bench sources --memory=2000000
+    python -m bench sources                 # ~8 minutes: N=200,000 (100 B), 100,000 (4 KiB), 200,000 for memory
+    python -m bench sources --memory=2000000 --memory-malamute=400000
     python -m bench sources --only=stomp --memory=0 --rounds=1
 
 Each format and size is measured ``--rounds`` times (3 by default), all pairs once per round; the
@@ -39,7 +39,8 @@ SIZES = {"100B": 100, "4KiB": 4096}
 COUNTS = {"100B": 200_000, "4KiB": 100_000}
 WARMUP = 2_000
 MEMORY_MESSAGES = 200_000
-MEMORY_BOUND = 20_000  # maxUncommittedMessages of the memory run
+MEMORY_BOUND = 20_000  # maxUncommittedMessages of the memory runs
+MEMORY_MALAMUTE = 400_000  # the Malamute memory run (the embedded broker keeps them all in its memory)
 TARGET = 0.7
 ROUNDS = 3  # each pair is measured this many times; the round with the median ratio is reported
 
@@ -181,11 +182,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def memory_run(spark, amqp_url: str, n: int) -> dict:
-    """``n`` 100-byte messages through the amqp08 source with a log bound of MEMORY_BOUND messages,
+def memory_run(spark, fmt: str, preload, options: dict, n: int) -> dict:
+    """``n`` 100-byte messages through the ``fmt`` source with a log bound of MEMORY_BOUND messages,
     sampling the RSS of the driver-side reader process: it must level off, whatever ``n``."""
     queue = f"bench-mem-{uuid.uuid4().hex[:6]}"
-    amqp_preload(amqp_url, queue, n, 100)
+    preload(queue, n, 100)
     samples: list[float] = []
     stop = threading.Event()
 
@@ -201,17 +202,17 @@ def memory_run(spark, amqp_url: str, n: int) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    got, seconds, _, _ = run_source(spark, "amqp08", {"uri": amqp_url, "queue": queue,
-                                                      "maxUncommittedMessages": str(MEMORY_BOUND),
-                                                      "maxMessagesPerTrigger": str(MEMORY_BOUND // 2)},
+    got, seconds, _, _ = run_source(spark, fmt, {**options(queue),
+                                                 "maxUncommittedMessages": str(MEMORY_BOUND),
+                                                 "maxMessagesPerTrigger": str(MEMORY_BOUND // 2)},
                                     tempfile.mkdtemp(prefix="bench-log-"))
     stop.set()
     sampler.join(2)
     if got != n:
-        raise RuntimeError(f"memory run: the source delivered {got} of {n} messages")
+        raise RuntimeError(f"{fmt} memory run: the source delivered {got} of {n} messages")
     k = max(1, len(samples) // 4)
     quarters = [round(max(samples[i:i + k]), 1) for i in range(0, k * 4, k)] if samples else []
-    return {"messages": n, "rows": got, "seconds": seconds, "bound_messages": MEMORY_BOUND,
+    return {"format": fmt, "messages": n, "rows": got, "seconds": seconds, "bound_messages": MEMORY_BOUND,
             "reader_rss_mib_max": max(samples) if samples else None,
             "reader_rss_mib_first": samples[0] if samples else None,
             "reader_rss_mib_quarters": quarters, "samples": len(samples),
@@ -222,6 +223,7 @@ def memory_run(spark, amqp_url: str, n: int) -> dict:
 def main(argv: list[str]) -> dict:
     counts = dict(COUNTS)
     memory_n = _arg(argv, "memory", MEMORY_MESSAGES)
+    memory_mlm_n = _arg(argv, "memory-malamute", MEMORY_MALAMUTE)
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -231,7 +233,7 @@ def main(argv: list[str]) -> dict:
     rabbit = brokers.start_rabbitmq()
     # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do)
     mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=tempfile.mkdtemp(prefix="bench-mlm-"),
-                        args=("--max-queue", str(max(COUNTS.values()) * 2)))
+                        args=("--max-queue", str(max(max(COUNTS.values()) * 2, memory_mlm_n))))
     mlm.start()
     from pyspark.sql import SparkSession
     from spark_mq.sources.amqp08 import Amqp08DataSource
@@ -258,6 +260,7 @@ def main(argv: list[str]) -> dict:
                          lambda name, n: mlm_raw(mlm.endpoint, name, n),
                          lambda name: {"uri": mlm.endpoint, "mailbox": name}),
         }
+        protocols_all = dict(protocols)
         only = _arg(argv, "only", None, str)
         if only:
             protocols = {fmt: p for fmt, p in protocols.items() if fmt in only.split(",")}
@@ -306,7 +309,13 @@ def main(argv: list[str]) -> dict:
             rows.append((fmt, label, median["n"], median["raw_msgs_per_s"], median["source_msgs_per_s"],
                          median["ratio"], median["source_in_batches_msgs_per_s"]))
         if memory_n:
-            figures["memory"] = memory_run(spark, amqp_url, memory_n)
+            amqp = protocols_all["amqp08"]
+            figures["memory"] = memory_run(spark, "amqp08", amqp[0], amqp[2], memory_n)
+        if memory_mlm_n:
+            # Malamute has no acks to hold deliveries back: the client's bounded hand-off (prefetch)
+            # is what keeps the reader's memory to the log bound while the mailbox holds the rest
+            mlm_p = protocols_all["malamute"]
+            figures["memory_malamute"] = memory_run(spark, "malamute", mlm_p[0], mlm_p[2], memory_mlm_n)
     finally:
         spark.stop()
         mlm.stop()
@@ -318,12 +327,13 @@ def main(argv: list[str]) -> dict:
     for fmt, label, n, raw_rate, src_rate, ratio, batch_rate in rows:
         print(f"{fmt:9} {label:5} {n:7d} {raw_rate:11.0f} {src_rate:13.0f} {ratio:6.2f} {batch_rate:11.0f} "
               f"{batch_rate / raw_rate:6.2f}")
-    m = figures.get("memory")
-    if m:
-        print(f"memory run: {m['rows']} of {m['messages']} messages in {m['seconds']:.1f}s, log bound {MEMORY_BOUND} "
-              f"messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
-              f"max {m['reader_rss_mib_max']:.0f}")
-    if only or not memory_n:
+    for key in ("memory", "memory_malamute"):
+        m = figures.get(key)
+        if m:
+            print(f"{m['format']} memory run: {m['rows']} of {m['messages']} messages in {m['seconds']:.1f}s, log bound "
+                  f"{MEMORY_BOUND} messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
+                  f"max {m['reader_rss_mib_max']:.0f}")
+    if only or not memory_n or not memory_mlm_n:
         print("(a partial run: results not written)")
     else:
         write_results("sources", figures)

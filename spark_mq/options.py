@@ -409,7 +409,8 @@ SOURCE_OPTIONS = define(
                doc="With declare=create and exchange: also declare the exchange with this type (direct, topic...)."),
     OptionSpec("logLocation", OptionType.STRING, directions=_SRC, doc=(
         "Where the source log lives: a local path or any pyarrow filesystem URI (file://, s3://, hdfs://...). "
-        "It must be reachable from the executors and must belong to ONE query. Required for streaming reads.")),
+        "It must be reachable from the executors and must belong to ONE query (on a local or mounted path a lock "
+        "enforces it: a second query fails naming the location). Required for streaming reads.")),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
                formats={AMQP08, STOMP}, directions=_SRC, doc=(
                    "When the broker is acknowledged: durable (after the messages are fsynced in the log), commit "

@@ -40,8 +40,8 @@ import pyarrow.fs as pafs
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["SourceLog", "LogSlice", "LogCorruptError", "DataLossError", "open_filesystem", "read_slice",
-           "SEGMENT_PREFIX"]
+__all__ = ["SourceLog", "LogSlice", "LogCorruptError", "DataLossError", "LogInUseError", "WriterLock",
+           "open_filesystem", "read_slice", "SEGMENT_PREFIX"]
 
 log = logging.getLogger("spark_mq.sourcelog")
 
@@ -59,6 +59,59 @@ class LogCorruptError(SparkMqError):
 
 class DataLossError(SparkMqError):
     """Log data needed for a batch is gone (deleted, or the location was changed or wiped)."""
+
+
+class LogInUseError(SparkMqError):
+    """Another source reader writes this log: two queries (or two runs of one) on one ``logLocation``."""
+
+
+LOCK_NAME = "writer.lock"
+
+
+class WriterLock:
+    """One writer per local log: an exclusive ``flock`` on ``<log>/writer.lock``, taken before the
+    log is opened (opening recovers a torn tail, which would cut into another writer's appends).
+
+    The kernel drops the lock when its holder exits, however it exits (a killed query's reader
+    process included), so a restart waits at most until its predecessor is gone (``wait``
+    seconds, then ``LogInUseError`` naming the location and the holder). The holder's pid, host
+    and start time are written into the file for that message only; the lock is the ``flock``.
+    On other filesystems there is no lock: there one query per ``logLocation`` is the user's rule.
+    """
+
+    def __init__(self, root: str, location: str, wait: float) -> None:
+        import fcntl
+        import socket
+        import time
+
+        self.path = os.path.join(root, LOCK_NAME)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+                        raise LogInUseError(
+                            f"logLocation {location} is in use by another source reader ({holder}); waited "
+                            f"{wait:.0f}s. Each query needs its own logLocation; if that reader belongs to a "
+                            f"query that was stopped or killed, its lock goes with its process.") from None
+                    time.sleep(0.1)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: Optional[int] = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
 
 
 def segment_name(first: int) -> str:
@@ -130,7 +183,10 @@ class SourceLog:
     """The log of one source (one query). Thread-safe: one appender, any number of other callers."""
 
     def __init__(self, location: str, schema: pa.Schema, *, fsync: bool = True,
-                 segment_bytes: int = 64 << 20, local: Optional[bool] = None) -> None:
+                 segment_bytes: int = 64 << 20, local: Optional[bool] = None,
+                 exclusive_wait: Optional[float] = None) -> None:
+        """``exclusive_wait``: take the ``WriterLock`` (local logs), waiting up to that many seconds
+        for another writer to go; ``None`` (readers, tests): no lock."""
         self.location = location
         self.schema = schema
         self.fsync = fsync
@@ -143,7 +199,15 @@ class SourceLog:
         self._fd: Optional[int] = None     # local: the active segment, open for append
         self._dirty = False
         self.recovered_truncations = 0
-        self._open()
+        self._writer: Optional[WriterLock] = None
+        if exclusive_wait is not None and is_local:
+            self.fs.create_dir(self.root, recursive=True)
+            self._writer = WriterLock(self.root, location, exclusive_wait)
+        try:
+            self._open()
+        except BaseException:
+            self._release_writer()
+            raise
 
     # -- opening and recovery ------------------------------------------------------------------
 
@@ -460,10 +524,18 @@ class SourceLog:
 
     def close(self) -> None:
         with self._lock:
-            self.sync()
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            try:
+                self.sync()
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+            finally:
+                self._release_writer()
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
 
 
 _FS_CACHE: dict = {}

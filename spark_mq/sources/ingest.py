@@ -48,6 +48,10 @@ _PAUSE_CHECK = 0.05   # seconds between checks while paused
 _DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
 _STRAGGLER_WAIT = 0.1  # seconds of silence after the counted depth is reached before availableNow ends
 _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress figures
+# seconds a new ingest waits for another writer of its (local) log to go: a restarted query's
+# predecessor reader process may take a moment to exit; a second query on the same logLocation
+# fails after it, naming the location (its lock is held for as long as that query runs)
+_LOG_LOCK_WAIT = 10.0
 
 
 class BrokerUnavailableError(SparkMqError):
@@ -123,7 +127,7 @@ class Ingest:
         # caches is copied (join, IPC serialization, write) from cache; large fresh buffers page-fault.
         self._group_count = self._group_limit
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
-                             segment_bytes=opts.segmentBytes)
+                             segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
         self._cond = threading.Condition()
         self._stop = threading.Event()

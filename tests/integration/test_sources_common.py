@@ -389,3 +389,37 @@ def test_batch_read_drains_and_acks_only_what_it_returns(spark, src):
     assert bodies == sorted(f"m{i}".encode() for i in range(500))  # nothing lost, nothing twice
     if src.fmt != "malamute":
         assert len(rows) == 300 and len(second) == 200
+
+
+def test_a_second_query_on_one_log_location_fails_naming_it(spark, rabbitmq, unique_name, tmp_path):
+    """Two queries must not share a logLocation (each would recover, append to and delete the other's
+    segments): the second fails, naming the location and the reader that holds it, and the first
+    is unharmed; once the first stops, its restart opens the log again and reads everything once."""
+    src = Amqp(rabbitmq, unique_name)
+    dest = src.new_destination()
+    src.publish(dest, 0, 200)
+    log = tmp_path / "log"
+    got: list = []
+    keep = lambda batch_df, batch_id: got.extend(r.offset for r in batch_df.select("offset").collect())  # noqa: E731
+    first = reader(spark, src, dest, log).writeStream.foreachBatch(keep) \
+        .option("checkpointLocation", str(tmp_path / "c1")).start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < 200 and time.monotonic() < deadline and first.exception() is None:
+            time.sleep(0.2)
+        assert sorted(got) == list(range(200)), first.exception()
+        other = src.new_destination()
+        src.publish(other, 0, 1)
+        second = finish(reader(spark, src, other, log).writeStream.format("noop")
+                        .option("checkpointLocation", str(tmp_path / "c2")).trigger(availableNow=True).start(),
+                        "second")
+        error = str(second.exception())
+        assert f"logLocation {log} is in use by another source reader" in error and "pid " in error, error
+        assert first.isActive and first.exception() is None
+    finally:
+        first.stop()
+    src.publish(dest, 200, 50)
+    again = finish(reader(spark, src, dest, log).writeStream.foreachBatch(keep)
+                   .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True).start(), "again")
+    assert again.exception() is None, again.exception()
+    assert sorted(got) == list(range(250))

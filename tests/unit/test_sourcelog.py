@@ -190,3 +190,52 @@ def test_missing_segment_is_file_not_found_for_readers(make_log):
     with pytest.raises(FileNotFoundError):
         list(read_slice(slices[0]))
     assert offsets(read_slice(slices[1])) == [3, 4, 5]
+
+
+def test_writer_lock_one_writer_per_local_log(tmp_path):
+    """A second writer of one log fails after its wait, naming the location and the holder; the
+    lock goes with close(). Readers (no exclusive_wait) never take it."""
+    import time
+
+    from spark_mq.sourcelog import LogInUseError
+
+    where = str(tmp_path / "log")
+    first = SourceLog(where, SCHEMA, exclusive_wait=0.0)
+    first.append(rows(0, 3))
+    t0 = time.monotonic()
+    with pytest.raises(LogInUseError, match=rf"logLocation {where} is in use.*pid {os.getpid()} on "):
+        SourceLog(where, SCHEMA, exclusive_wait=0.3)
+    assert time.monotonic() - t0 >= 0.3
+    reader = SourceLog(where, SCHEMA)  # no lock for readers
+    assert reader.head == 3
+    first.close()
+    second = SourceLog(where, SCHEMA, exclusive_wait=0.0)
+    assert second.head == 3 and offsets(second.read(0, 3)) == [0, 1, 2]
+    second.close()
+
+
+def test_writer_lock_goes_with_a_killed_holder(tmp_path):
+    """The kernel drops the lock of a process killed with SIGKILL: a restart takes over at once."""
+    import signal
+    import subprocess
+    import sys
+
+    from spark_mq.sourcelog import LogInUseError
+
+    where = str(tmp_path / "log")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from spark_mq import schema as S; from spark_mq.sourcelog import SourceLog\n"
+         f"log = SourceLog({where!r}, S.source_arrow_schema('malamute'), exclusive_wait=0.0)\n"
+         "print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        with pytest.raises(LogInUseError, match=f"pid {holder.pid} "):
+            SourceLog(where, SCHEMA, exclusive_wait=0.2)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        SourceLog(where, SCHEMA, exclusive_wait=2.0).close()
+    finally:
+        holder.kill()
+        holder.wait(10)
