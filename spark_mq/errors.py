@@ -29,6 +29,11 @@ class ConnectionClosedError(SparkMqError):
     """The connection is gone: closed by the peer, dropped, or timed out."""
 
 
+class BrokerRefusedError(ConnectionClosedError):
+    """Every endpoint answered and refused what the options ask for (credentials, permissions, a
+    virtual host): retrying the same options cannot help."""
+
+
 class BrokerError(SparkMqError):
     """The broker refused an operation and said why (code and text)."""
 

@@ -18,11 +18,25 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
-from spark_mq.errors import ConnectionClosedError, OptionError, SparkMqError
+from spark_mq.errors import BrokerRefusedError, ConnectionClosedError, OptionError, SparkMqError
 from spark_mq.options import AMQP08, MALAMUTE, STOMP, Options, redact_uri
 from spark_mq.transport.stream import TlsOptions
 
-__all__ = ["Endpoint", "endpoints", "connect_amqp08", "connect_stomp", "connect_malamute", "tls_options"]
+__all__ = ["Endpoint", "endpoints", "connect_amqp08", "connect_stomp", "connect_malamute", "tls_options", "refusal"]
+
+#: AMQP reply codes that answer the options, not the moment: access refused (credentials,
+#: permissions), not found (queue, vhost), precondition failed (a queue declared otherwise),
+#: not allowed (vhost access)
+_REFUSAL_CODES = frozenset({403, 404, 406, 530})
+
+
+def refusal(exc: BaseException) -> bool:
+    """The broker refused the options themselves (retrying them cannot help): a ``BrokerRefusedError``
+    from connecting, or an AMQP channel or connection closed with 403, 404, 406 or 530."""
+    if isinstance(exc, BrokerRefusedError):
+        return True
+    from spark_mq.protocol.amqp08.errors import AMQPError
+    return isinstance(exc, AMQPError) and exc.reply_code in _REFUSAL_CODES
 
 _DEFAULT_PORTS = {AMQP08: (5672, 5671), STOMP: (61613, 61614), MALAMUTE: (9999, 9999)}
 _SCHEMES = {
@@ -140,8 +154,10 @@ def _rotate(items: list, start: int) -> list:
     return items[k:] + items[:k]
 
 
-def _fail(fmt: str, tried: list, errors: list) -> ConnectionClosedError:
+def _fail(fmt: str, tried: list, errors: list, refused: Optional[list] = None) -> ConnectionClosedError:
     detail = "; ".join(f"{ep!r}: {err}" for ep, err in zip(tried, errors))
+    if refused and all(refused):
+        return BrokerRefusedError(f"every {fmt} broker refused the connection ({detail})")
     return ConnectionClosedError(f"cannot connect to any {fmt} broker ({detail})")
 
 
@@ -149,7 +165,7 @@ def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
     """An open ``spark_mq.clients.amqp08.Connection`` to the first endpoint that answers."""
     from spark_mq.clients.amqp08 import Connection
 
-    tried, errors = [], []
+    tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
         try:
             return Connection(
@@ -161,14 +177,16 @@ def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
         except (SparkMqError, OSError) as exc:
             tried.append(ep)
             errors.append(_clean(exc, ep))
-    raise _fail(AMQP08, tried, errors)
+            refused.append(refusal(exc))
+    raise _fail(AMQP08, tried, errors, refused)
 
 
 def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
     """A connected ``spark_mq.clients.stomp.StompClient`` to the first endpoint that answers."""
     from spark_mq.clients.stomp import StompClient
+    from spark_mq.protocol.stomp10 import StompError
 
-    tried, errors = [], []
+    tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
         client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password,
                              tls=tls_options(opts) if ep.tls else None,
@@ -179,7 +197,9 @@ def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
             client.close()
             tried.append(ep)
             errors.append(_clean(exc, ep))
-    raise _fail(STOMP, tried, errors)
+            # an ERROR frame in reply to CONNECT: the broker refused the login or virtual host
+            refused.append(isinstance(exc, StompError))
+    raise _fail(STOMP, tried, errors, refused)
 
 
 def connect_malamute(opts: Options, address: str = "", *, start: int = 0, **kwargs):

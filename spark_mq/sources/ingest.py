@@ -1,7 +1,8 @@
 """The shared ingest loop: a thread that moves messages from a broker into the source log.
 
 Responsible for: (re)connecting with exponential backoff and full jitter across the endpoint
-list, consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
+list (a first connection the broker refuses, for credentials or a missing queue, fails at once
+instead), consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
 ``ackMode`` (durable: after the fsync; commit: when Spark commits, as one cumulative ack in a
 transaction; auto: never, the broker did), dropping redeliveries already in the log, pausing while
 the unprocessed log is over its bounds, the availableNow target, and the backlog figures. Runs in
@@ -36,9 +37,10 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
-from spark_mq.errors import SparkMqError
+from spark_mq.errors import BrokerRefusedError, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import SourceLog
+from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
 
@@ -202,12 +204,19 @@ class Ingest:
         delay = self.opts.reconnectDelay
         attempt = 0
         down_since: Optional[float] = None
+        ever_connected = False  # after a first success, a refusal may be passing (a queue re-declared)
         try:
             while not self._stop.is_set():
                 if self._consumer is None:
                     try:
                         consumer = self._connect(attempt)
                     except (SparkMqError, OSError) as exc:
+                        if not ever_connected and refusal(exc):
+                            # a wrong password or queue name is not an outage: fail now, not after brokerTimeout
+                            raise BrokerRefusedError(
+                                f"{self.fmt} source: {exc}. Not retried: the broker refused what the options "
+                                f"ask for (credentials, permissions, virtual host, queue, declare); fix them "
+                                f"and restart the query") from exc
                         now = time.monotonic()
                         down_since = down_since or now
                         limit = self.opts.brokerTimeout
@@ -230,6 +239,7 @@ class Ingest:
                         self.reconnects += 1
                     down_since = None
                     attempt = 0
+                    ever_connected = True
                     self.connected = True
                     self.last_message = time.monotonic()
                 try:

@@ -423,3 +423,32 @@ def test_a_second_query_on_one_log_location_fails_naming_it(spark, rabbitmq, uni
                    .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True).start(), "again")
     assert again.exception() is None, again.exception()
     assert sorted(got) == list(range(250))
+
+
+@pytest.mark.parametrize("case", ["amqp08-password", "stomp-password", "amqp08-missing-queue"])
+def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, unique_name, tmp_path, case):
+    """A wrong password or a missing queue is not an outage: the query fails within seconds, not
+    after brokerTimeout (300 s by default), with the broker's reason and without the secret."""
+    fmt, what = case.split("-", 1)
+    secret = "wrong-" + unique_name("pw")
+    queue = unique_name("missing")
+    host, port = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp").split("@")[-1].split("/")[0].split(":")
+    if what == "password":
+        uri = f"{'amqp' if fmt == 'amqp08' else 'stomp'}://guest:{secret}@{host}:{port}/"
+    else:
+        uri = rabbitmq.url("amqp")
+    r = spark.readStream.format(fmt).option("uri", uri).option("logLocation", str(tmp_path / "log"))
+    r = r.option("queue", queue) if fmt == "amqp08" else r.option("destination", "/queue/" + queue)
+    t0 = time.monotonic()
+    q = finish(r.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start(), case)
+    took = time.monotonic() - t0
+    error = str(q.exception())
+    assert "Not retried: the broker refused" in error, error
+    assert took < 60, f"failed after {took:.0f}s: retried as an outage?"
+    assert secret not in error
+    if what == "missing-queue":
+        assert "404" in error and queue in error, error
+    elif fmt == "amqp08":
+        assert "403" in error or "ACCESS_REFUSED" in error, error
+    else:
+        assert "STOMP ERROR" in error, error
