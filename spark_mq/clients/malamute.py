@@ -332,8 +332,10 @@ class MalamuteClient:
         backlog: deque = deque()
         clock = time.monotonic
         noblock = zmq.NOBLOCK
-        limit = self.max_buffered
         while True:
+            # closing: read everything again, or the answer to CONNECTION-CLOSE would wait behind
+            # deliveries nobody will take
+            limit = None if proto.state is State.CLOSING else self.max_buffered
             now = clock()
             wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
             room = limit is None or self._given - self._taken < limit

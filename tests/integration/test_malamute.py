@@ -433,3 +433,21 @@ def test_held_back_reader_is_not_declared_lost_and_answers_requests():
             assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(300)]
             assert done.wait(10), "the PING made while deliveries were held back was never answered"
     assert not any(type(e).__name__ == "ServerLost" for e in events), events
+
+
+def test_held_back_reader_closes_promptly():
+    """Closing a client held back at its bound reads again, so CONNECTION-CLOSE is answered at once
+    (not after the close timeout behind deliveries nobody will take)."""
+    with brokers.malamute_running(client_timeout=10.0) as broker:
+        with MalamuteClient(broker.endpoint, "", timeout=5) as sender:
+            for i in range(500):
+                sender.sendto("closing", "s", f"m{i}".encode())
+            sender.ping()
+        reader = MalamuteClient(broker.endpoint, "closing", timeout=5, hwm=5, max_buffered=5)
+        deadline = time.monotonic() + 5
+        while reader.buffered < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reader.buffered == 5
+        t0 = time.monotonic()
+        reader.close(timeout=3.0)
+        assert time.monotonic() - t0 < 1.5
