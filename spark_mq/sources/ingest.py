@@ -54,6 +54,7 @@ _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress f
 # predecessor reader process may take a moment to exit; a second query on the same logLocation
 # fails after it, naming the location (its lock is held for as long as that query runs)
 _LOG_LOCK_WAIT = 10.0
+_MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
 
 
 class BrokerUnavailableError(SparkMqError):
@@ -327,9 +328,9 @@ class Ingest:
                 kept_tokens.append((offset, msg))
                 offset += 1
         if rows:
-            batch = S.build_batch(self.fmt, rows)
             head = self.log.head
-            new_head = self.log.append(batch)
+            for chunk in self._chunks(rows):
+                new_head = self.log.append(S.build_batch(self.fmt, chunk))
             self.log.sync()
             self._size_groups(self.log.body_bytes(head, new_head), len(rows))
         else:
@@ -348,6 +349,20 @@ class Ingest:
         with self._cond:
             self._cond.notify_all()
         self._maybe_fix_target(consumer, quiet_ok=False)
+
+    def _chunks(self, rows: list):
+        """``rows`` in runs of at most ``_MAX_APPEND_BYTES`` of bodies (and frames), at least one row
+        each: a group is sized by the last group's mean body, so a jump in body size could make it
+        larger than an Arrow binary column holds (2 GiB) or than a batch a task should read whole."""
+        frames = self.fmt == "malamute"  # its last column repeats multi-frame bodies
+        start, size = 0, 0
+        for i, row in enumerate(rows):
+            n = len(row[0]) + (sum(map(len, row[-1])) if frames and row[-1] else 0)
+            if size + n > _MAX_APPEND_BYTES and i > start:
+                yield rows[start:i]
+                start, size = i, 0
+            size += n
+        yield rows[start:]
 
     def _size_groups(self, body_bytes: int, count: int) -> None:
         """The next group's message count: about ``fsyncBytes`` of bodies at the last group's mean size."""

@@ -44,3 +44,46 @@ def test_groups_stay_within_half_the_prefetch_with_acks(tmp_path):
     ing._size_groups(1024 * 100, 100)              # 64 KiB / 1 KiB
     assert ing._group_count == 64
     ing.log.close()
+
+
+class _FakeConsumer:
+    """Hands out the given bodies once as Malamute deliveries (a unit test of the group's append)."""
+
+    def __init__(self, bodies, frames_of=lambda i: None):
+        self.bodies, self.frames_of = bodies, frames_of
+
+    def poll(self, max_count, timeout):
+        out, self.bodies = self.bodies[:max_count], self.bodies[max_count:]
+        return list(enumerate(out))
+
+    def row(self, msg, offset, now_us):
+        i, body = msg
+        return (body, "m", None, now_us, None, False, offset, "s", "m", "subj", "", self.frames_of(i))
+
+    def ack(self, msgs):
+        pass
+
+
+def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monkeypatch):
+    """A group whose bodies (and extra frames) pass ``_MAX_APPEND_BYTES`` goes to the log as several
+    batches with contiguous offsets and one fsync; a single body larger than the bound is a run of its own."""
+    import spark_mq.sources.ingest as ingest_mod
+
+    monkeypatch.setattr(ingest_mod, "_MAX_APPEND_BYTES", 10_000)
+    ing = _ingest(tmp_path)
+    bodies = [bytes([i]) * 3000 for i in range(10)] + [b"x" * 25_000] + [b"y" * 10 for _ in range(5)]
+    frames = {2: [b"a" * 3000, b"b" * 6000]}  # message 2 carries 9,000 more bytes of frames
+    ing._consumer = _FakeConsumer([b"first"])
+    ing._step()  # the log's first segment exists (creating it syncs too)
+    ing._consumer = _FakeConsumer(list(bodies), lambda i: frames.get(i))
+    syncs = []
+    real_sync = ing.log.sync
+    monkeypatch.setattr(ing.log, "sync", lambda: (syncs.append(1), real_sync()))
+    ing._step()
+    assert ing.log.head == 1 + len(bodies) and len(syncs) == 1
+    batches = list(ing.log.read(1, 1 + len(bodies)))
+    sizes = [b.num_rows for b in batches]
+    assert sizes == [2, 1, 3, 3, 1, 1, 5], sizes
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(1, 1 + len(bodies)))
+    assert [x for b in batches for x in b.column("body").to_pylist()] == bodies
+    ing.log.close()
