@@ -459,7 +459,8 @@ SOURCE_OPTIONS = define(
                doc="Longest delay between reconnect attempts."),
     OptionSpec("brokerTimeout", OptionType.DURATION, default=300.0, minimum=0, directions=_SRC,
                doc=("Fail the query when the broker stays unreachable this long (0: never). A first connection "
-                    "the broker refuses (credentials, permissions, a missing queue or virtual host) fails at once.")),
+                    "the broker keeps refusing (credentials, permissions, a missing queue or virtual host) fails "
+                    "after about 10 s.")),
     OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
         "availableNow and batch reads: the backlog is drained once nothing arrives for this long "
         "(AMQP availableNow also uses the queue depth).")),

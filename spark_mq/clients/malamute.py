@@ -333,9 +333,9 @@ class MalamuteClient:
         clock = time.monotonic
         noblock = zmq.NOBLOCK
         while True:
-            # closing: read everything again, or the answer to CONNECTION-CLOSE would wait behind
-            # deliveries nobody will take
-            limit = None if proto.state is State.CLOSING else self.max_buffered
+            # a request waiting for its answer (set_consumer, ping, a recovery's replay, close): read
+            # through, or the answer would wait behind deliveries the application has no room for
+            limit = None if proto.state is State.CLOSING or proto.awaiting_reply else self.max_buffered
             now = clock()
             wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
             room = limit is None or self._given - self._taken < limit
@@ -378,8 +378,12 @@ class MalamuteClient:
                 # _WAKE: the application took deliveries; this pass reads the socket again
             # broker -> application (as much as the application has room for)
             deliveries: list = []
-            drain = _DRAIN if limit is None else max(0, min(_DRAIN, limit - (self._given - self._taken)))
-            for _ in range(drain):
+            bound = self.max_buffered
+            for _ in range(_DRAIN):
+                # the bound holds again as soon as the awaited answer is in (it may have come first)
+                if bound is not None and self._given + len(deliveries) - self._taken >= bound and \
+                        proto.state is not State.CLOSING and not proto.awaiting_reply:
+                    break
                 try:
                     frames = dealer.recv_multipart(noblock)
                 except zmq.Again:

@@ -43,6 +43,9 @@ def _raw(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
+_MAX_HELD_REPLIES = 10_000  # answers held per client while its queue is full
+
+
 @dataclass(frozen=True)
 class Limits:
     """Memory bounds. A message that would exceed a bound is dropped and counted in ``stats``."""
@@ -131,6 +134,9 @@ class BrokerCore:
         # retry_backlog(), which the server calls often while this is non-empty.
         self.backlog_mailboxes: set[str] = set()
         self.backlog_services: set[str] = set()
+        # Answers (OK, PONG, ERROR) that met a full client queue, per client, in order: never dropped,
+        # since a client matches answers to its requests in order and one lost answer shifts the rest.
+        self.backlog_replies: dict[bytes, deque] = {}
         self.stats = {"malformed": 0, "dropped": 0, "expired_clients": 0, "expired_messages": 0,
                       "unroutable": 0}
         self._handlers = {
@@ -182,9 +188,9 @@ class BrokerCore:
             if message.ID == MessageId.CONNECTION_OPEN:
                 self._open(rid, None, message, now)
             elif message.ID == MessageId.CONNECTION_CLOSE:
-                self.send(rid, _OK)
+                self._reply(rid, _OK)
             else:
-                self.send(rid, _error(StatusCode.COMMAND_INVALID, "unknown client: send CONNECTION-OPEN first"))
+                self._reply(rid, _error(StatusCode.COMMAND_INVALID, "unknown client: send CONNECTION-OPEN first"))
             return
         client.last_seen = now
         self._handlers[message.ID](rid, client, message, now)
@@ -214,7 +220,7 @@ class BrokerCore:
 
     def _malformed(self, rid: bytes, why: str) -> None:
         self.stats["malformed"] += 1
-        self.send(rid, _error(StatusCode.COMMAND_INVALID, f"malformed message: {why}"))
+        self._reply(rid, _error(StatusCode.COMMAND_INVALID, f"malformed message: {why}"))
 
     def _deliver(self, client: Client, frames: list, entry: Optional[Stored]) -> bool:
         """Send to a client, through its credit window in credit mode. False if not delivered."""
@@ -237,7 +243,7 @@ class BrokerCore:
         try:
             return compile_pattern(pattern)
         except PatternError as exc:
-            self.send(rid, _error(StatusCode.NOT_DELIVERED, str(exc)))
+            self._reply(rid, _error(StatusCode.NOT_DELIVERED, str(exc)))
             return None
 
     def _deregister(self, client: Client) -> None:
@@ -274,29 +280,29 @@ class BrokerCore:
         if client is not None:
             # Reference behaviour: a second OPEN on one connection is an error and de-registers it.
             self._deregister(client)
-            self.send(rid, _error(StatusCode.COMMAND_INVALID, "connection already open"))
+            self._reply(rid, _error(StatusCode.COMMAND_INVALID, "connection already open"))
             return
         if msg.protocol != codec.PROTOCOL_NAME or msg.version != codec.PROTOCOL_VERSION:
-            self.send(rid, _error(StatusCode.COMMAND_INVALID,
+            self._reply(rid, _error(StatusCode.COMMAND_INVALID,
                                   f"unsupported protocol {msg.protocol!r} version {msg.version}"))
             return
         if len(self.clients) >= self.limits.max_clients:
-            self.send(rid, _error(StatusCode.INTERNAL_ERROR, "too many clients"))
+            self._reply(rid, _error(StatusCode.INTERNAL_ERROR, "too many clients"))
             return
         client = Client(rid, msg.address, now)
         self.clients[rid] = client
         if msg.address:
             self.by_address.setdefault(msg.address, []).append(client)
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
         if msg.address:
             self._flush_mailbox(msg.address)
 
     def _ping(self, rid, client, msg, now) -> None:
-        self.send(rid, _PONG)
+        self._reply(rid, _PONG)
 
     def _close(self, rid, client, msg, now) -> None:
         self._deregister(client)
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
 
     # ------------------------------------------------------------ streams
 
@@ -310,7 +316,7 @@ class BrokerCore:
         client.writer = self._stream(msg.stream)
         client.writer_prefix = (_STREAM_DELIVER_PREFIX + codec.encode_string(msg.stream)
                                 + codec.encode_string(client.address))
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
 
     def _stream_read(self, rid, client: Client, msg: codec.StreamRead, now) -> None:
         matcher = self._compile(rid, msg.pattern)
@@ -322,14 +328,14 @@ class BrokerCore:
         match_all = any(not m.pattern for m in matchers)
         stream.readers[rid] = (client, tuple(matchers), match_all)
         stream.rebuild()
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
 
     def _stream_cancel(self, rid, client: Client, msg: codec.StreamCancel, now) -> None:
         client.reading.pop(msg.stream, None)
         stream = self.streams.get(msg.stream)
         if stream is not None and stream.readers.pop(rid, None) is not None:
             stream.rebuild()
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
 
     def _stream_send(self, rid, client: Client, msg: codec.StreamSend, now) -> None:
         # Reached only when the fast path in handle() did not apply (it always does for valid input).
@@ -369,8 +375,27 @@ class BrokerCore:
         if box is not None and not box:
             del self.mailboxes[address]
 
+    def _reply(self, rid: bytes, frames: list) -> None:
+        """Send an answer; while the client's queue is full it waits, after earlier ones, in
+        ``backlog_replies`` (at most ``_MAX_HELD_REPLIES`` per client; beyond, it is dropped and counted)."""
+        queued = self.backlog_replies.get(rid)
+        if queued is None:
+            if self.send(rid, frames):
+                return
+            queued = self.backlog_replies[rid] = deque()
+        if len(queued) >= _MAX_HELD_REPLIES:
+            self.stats["dropped"] += 1
+            return
+        queued.append(frames)
+
     def retry_backlog(self) -> None:
         """Deliver what waited for a full client queue (see ``backlog_mailboxes``), in order."""
+        for rid in list(self.backlog_replies):
+            queued = self.backlog_replies[rid]
+            while queued and self.send(rid, queued[0]):
+                queued.popleft()
+            if not queued or rid not in self.clients:  # sent, or the client is gone
+                del self.backlog_replies[rid]
         for address in list(self.backlog_mailboxes):
             self._flush_mailbox(address)
         for name in list(self.backlog_services):
@@ -433,7 +458,7 @@ class BrokerCore:
         offer = Offer(client, matcher, msg.address)
         service.offers.append(offer)
         client.offers.append(offer)
-        self.send(rid, _OK)
+        self._reply(rid, _OK)
         if service.queue:
             self._redispatch(service)
 

@@ -175,7 +175,7 @@ class Broker:
         stop = self._stop
         core = self.core
         while not stop.is_set():
-            backlog = core.backlog_mailboxes or core.backlog_services
+            backlog = core.backlog_mailboxes or core.backlog_services or core.backlog_replies
             poller.poll(_BACKLOG_POLL_MS if backlog else _POLL_MS)
             now = clock()
             if backlog:

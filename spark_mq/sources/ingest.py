@@ -1,8 +1,8 @@
 """The shared ingest loop: a thread that moves messages from a broker into the source log.
 
 Responsible for: (re)connecting with exponential backoff and full jitter across the endpoint
-list (a first connection the broker refuses, for credentials or a missing queue, fails at once
-instead), consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
+list (a first connection the broker keeps refusing, for credentials or a missing queue, fails
+after ``_REFUSAL_GRACE`` instead), consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
 ``ackMode`` (durable: after the fsync; commit: when Spark commits, as one cumulative ack in a
 transaction; auto: never, the broker did), dropping redeliveries already in the log, pausing while
 the unprocessed log is over its bounds, the availableNow target, and the backlog figures. Runs in
@@ -54,6 +54,8 @@ _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress f
 # predecessor reader process may take a moment to exit; a second query on the same logLocation
 # fails after it, naming the location (its lock is held for as long as that query runs)
 _LOG_LOCK_WAIT = 10.0
+_REFUSAL_GRACE = 10.0  # seconds a first connection must stay refused before the query fails
+_REFUSALS = 3  # ... over at least this many attempts
 _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
 
 
@@ -158,7 +160,11 @@ class Ingest:
         self.target: Optional[int] = None
         self._available_now = False
         self._want_depth = False
-        self._load_identities()
+        try:
+            self._load_identities()
+        except BaseException:
+            self.log.close()  # and with it the log's writer lock: a retry must not wait for ourselves
+            raise
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -206,19 +212,31 @@ class Ingest:
         attempt = 0
         down_since: Optional[float] = None
         ever_connected = False  # after a first success, a refusal may be passing (a queue re-declared)
+        refused_since: Optional[float] = None
+        refusals = 0
         try:
             while not self._stop.is_set():
                 if self._consumer is None:
                     try:
                         consumer = self._connect(attempt)
                     except (SparkMqError, OSError) as exc:
-                        if not ever_connected and refusal(exc):
-                            # a wrong password or queue name is not an outage: fail now, not after brokerTimeout
-                            raise BrokerRefusedError(
-                                f"{self.fmt} source: {exc}. Not retried: the broker refused what the options "
-                                f"ask for (credentials, permissions, virtual host, queue, declare); fix them "
-                                f"and restart the query") from exc
                         now = time.monotonic()
+                        # A wrong password or queue name is not an outage: fail after a short grace, not
+                        # after brokerTimeout. The grace (and a few attempts) because a refusal can be
+                        # passing too: a connection dropped during the handshake reads as 403, a broker
+                        # starting up or at its connection limit answers 530, a queue may be about to be
+                        # declared by its producer.
+                        if not ever_connected and refusal(exc):
+                            refused_since = refused_since or now
+                            refusals += 1
+                            if refusals >= _REFUSALS and now - refused_since >= _REFUSAL_GRACE:
+                                raise BrokerRefusedError(
+                                    f"{self.fmt} source: {exc}. Not retried after {refusals} refusals in "
+                                    f"{now - refused_since:.0f}s: the broker refused what the options ask for "
+                                    f"(credentials, permissions, virtual host, queue, declare); fix them and "
+                                    f"restart the query") from exc
+                        else:
+                            refused_since, refusals = None, 0
                         down_since = down_since or now
                         limit = self.opts.brokerTimeout
                         if limit and now - down_since > limit:

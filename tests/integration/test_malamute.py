@@ -451,3 +451,28 @@ def test_held_back_reader_closes_promptly():
         t0 = time.monotonic()
         reader.close(timeout=3.0)
         assert time.monotonic() - t0 < 1.5
+
+
+def test_held_back_reader_keeps_request_answers_in_step():
+    """Held back behind a full broker queue (broker HWM 50, client bound 10) while heartbeats go
+    out: the broker holds its answers instead of dropping them, and the client reads through to a
+    request's answer, so after the drain every request still gets its own answer."""
+    from spark_mq.malamute_broker.server import serve
+
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    broker = serve([endpoint], hwm=50, client_timeout=30.0)
+    try:
+        with MalamuteClient(endpoint, "", timeout=5) as sender:
+            for i in range(2000):
+                sender.sendto("step", "s", f"m{i}".encode())
+            sender.ping()
+        with MalamuteClient(endpoint, "step", timeout=5, heartbeat=0.1, server_timeout=5.0,
+                            hwm=10, max_buffered=10) as reader:
+            time.sleep(2.0)  # ~20 PINGs while the broker's queue to us is full
+            reader.set_consumer("other-stream")  # a request answered while deliveries are held back
+            got = recv_all(reader, 2000, timeout=30)
+            assert [bytes(m.content[0]) for m in got] == [f"m{i}".encode() for i in range(2000)]
+            reader.ping(timeout=5)
+            reader.set_consumer("yet-another")
+    finally:
+        broker.stop()

@@ -157,6 +157,12 @@ class ClientConnection:
     def pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def awaiting_reply(self) -> bool:
+        """A request other than a heartbeat PING waits for its answer (an IO driver that holds back
+        reading must read through to it: the answer may be queued behind deliveries)."""
+        return any(not (p.internal and p.command is MessageId.CONNECTION_PING) for p in self._pending)
+
     # ------------------------------------------------------------ commands with replies
 
     def open(self, address: str, now: float, timeout: float) -> int:
