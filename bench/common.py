@@ -66,12 +66,12 @@ def _kind_of(pid: int, cmdline: bytes, me: int) -> str | None:
         return "driver"
     if b"python_streaming_source_runner" in cmdline:
         return "reader"          # the driver-side reader process: the ingest thread and the client
+    if b"malamute_broker" in cmdline or b"beam.smp" in cmdline or b"activemq" in cmdline:
+        return "broker"          # before the JVM test: ActiveMQ is a JVM too
     if cmdline.startswith(b"java") or b"/java\0" in cmdline or b"bin/java" in cmdline:
         return "jvm"             # Spark's driver and executors (local mode: one JVM)
     if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline or b"pyspark/daemon" in cmdline:
         return "pyworkers"       # executor Python workers (they read the log's segments)
-    if b"malamute_broker" in cmdline or b"beam.smp" in cmdline or b"activemq" in cmdline:
-        return "broker"
     return None
 
 
