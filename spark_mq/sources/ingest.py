@@ -44,7 +44,7 @@ from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
 
-__all__ = ["Ingest", "content_identity", "BrokerUnavailableError"]
+__all__ = ["Ingest", "content_identity", "BrokerUnavailableError", "LogWriteError"]
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
 _DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
@@ -61,6 +61,12 @@ _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 
 
 class BrokerUnavailableError(SparkMqError):
     """The broker stayed unreachable longer than ``brokerTimeout``."""
+
+
+class LogWriteError(SparkMqError):
+    """Appending to or syncing the source log failed (disk full, storage gone): the ingest stops and
+    the query fails. Nothing unlogged was acknowledged; a restart recovers the log's tail and the
+    broker redelivers the rest."""
 
 
 #: headers that differ between deliveries of one message (STOMP), left out of the content identity
@@ -264,7 +270,7 @@ class Ingest:
                 try:
                     self._step()
                 except (SparkMqError, OSError) as exc:
-                    if isinstance(exc, (BrokerUnavailableError,)) or self._stop.is_set():
+                    if isinstance(exc, (BrokerUnavailableError, LogWriteError)) or self._stop.is_set():
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
@@ -347,9 +353,15 @@ class Ingest:
                 offset += 1
         if rows:
             head = self.log.head
-            for chunk in self._chunks(rows):
-                new_head = self.log.append(S.build_batch(self.fmt, chunk))
-            self.log.sync()
+            try:
+                for chunk in self._chunks(rows):
+                    new_head = self.log.append(S.build_batch(self.fmt, chunk))
+                self.log.sync()
+            except OSError as exc:
+                # not a broker problem: reconnecting would take the same messages again, and the
+                # identities just remembered would drop them as duplicates of what never reached the log
+                raise LogWriteError(f"{self.fmt} source: writing the source log at {self.opts.logLocation} "
+                                    f"failed: {exc}") from exc
             self._size_groups(self.log.body_bytes(head, new_head), len(rows))
         else:
             new_head = self.log.head

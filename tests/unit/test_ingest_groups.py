@@ -87,3 +87,38 @@ def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monk
     assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(1, 1 + len(bodies)))
     assert [x for b in batches for x in b.column("body").to_pylist()] == bodies
     ing.log.close()
+
+
+def test_a_log_write_failure_stops_the_ingest_before_any_ack(tmp_path, monkeypatch):
+    """Disk full while appending: the ingest fails (the query with it) naming the log, acks nothing,
+    and does not treat it as a broker loss to reconnect from."""
+    import errno
+
+    from spark_mq.sources.ingest import LogWriteError
+
+    acked, connects = [], []
+
+    class Consumer(_FakeConsumer):
+        def ack(self, msgs):
+            acked.extend(msgs)
+
+        def close(self):
+            pass
+
+    def connect(attempt):
+        connects.append(attempt)
+        return Consumer([b"a", b"b", b"c"])
+
+    ing = _ingest(tmp_path)
+    ing._connect = connect
+
+    def full(batch):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ing.log, "append", full)
+    ing.start()
+    ing._thread.join(10)
+    assert isinstance(ing.error, LogWriteError), ing.error
+    assert str(tmp_path / "log") in str(ing.error) and "No space left" in str(ing.error)
+    assert acked == [] and connects == [0]
+    ing.log.close()
