@@ -333,15 +333,12 @@ class MalamuteClient:
         clock = time.monotonic
         noblock = zmq.NOBLOCK
         while True:
-            # a request waiting for its answer (set_consumer, ping, a recovery's replay, close): read
-            # through, or the answer would wait behind deliveries the application has no room for
-            limit = None if proto.state is State.CLOSING or proto.awaiting_reply else self.max_buffered
             now = clock()
             wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
-            room = limit is None or self._given - self._taken < limit
+            room = self._room(proto)
             if not room:
                 self._blocked = True
-                room = self._given - self._taken < limit  # taken meanwhile: no wake will come
+                room = self._room(proto)  # taken meanwhile: no wake will come
                 if room:
                     self._blocked = False
             mask = (zmq.POLLIN if room else 0) | (zmq.POLLOUT if backlog else 0)
@@ -378,11 +375,8 @@ class MalamuteClient:
                 # _WAKE: the application took deliveries; this pass reads the socket again
             # broker -> application (as much as the application has room for)
             deliveries: list = []
-            bound = self.max_buffered
             for _ in range(_DRAIN):
-                # the bound holds again as soon as the awaited answer is in (it may have come first)
-                if bound is not None and self._given + len(deliveries) - self._taken >= bound and \
-                        proto.state is not State.CLOSING and not proto.awaiting_reply:
+                if not self._room(proto, len(deliveries)):  # checked per message: an answer may come first
                     break
                 try:
                     frames = dealer.recv_multipart(noblock)
@@ -405,6 +399,14 @@ class MalamuteClient:
                 except zmq.Again:
                     break  # HWM reached (broker away): keep it and wait for POLLOUT
                 backlog.popleft()
+
+    def _room(self, proto: ClientConnection, unhanded: int = 0) -> bool:
+        """May the IO thread read the socket: fewer than ``max_buffered`` deliveries handed over (or
+        about to be: ``unhanded``) and not taken, or a request waits for its answer (set_consumer,
+        ping, a recovery's replay, close), which may be queued behind deliveries nobody has room for."""
+        bound = self.max_buffered
+        return bound is None or self._given + unhanded - self._taken < bound or \
+            proto.state is State.CLOSING or proto.awaiting_reply
 
     def _dispatch(self, events: list, deliveries: Optional[list] = None) -> None:
         """Act on protocol events; deliveries go to ``deliveries`` (handed over by the caller) or,
