@@ -33,7 +33,7 @@ from spark_mq.errors import SparkMqError
 
 __all__ = [
     "CORE_COLUMNS", "SOURCE_COLUMNS", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
-    "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value",
+    "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value", "row_bytes_function",
 ]
 
 
@@ -135,6 +135,16 @@ def source_arrow_schema(fmt: str) -> pa.Schema:
         _check_format(fmt)
         schema = _ARROW_CACHE[fmt] = pa.schema([pa.field(name, ARROW_TYPES[typ]) for name, typ in SOURCE_COLUMNS[fmt]])
     return schema
+
+
+def row_bytes_function(fmt: str):
+    """A function giving the bytes a row tuple (``SOURCE_COLUMNS[fmt]`` order) puts into binary
+    columns: its body, plus for Malamute the ``frames`` list (the last column; it repeats a
+    multi-frame message's body). What bounds one appended batch below Arrow's 2 GiB per column."""
+    _check_format(fmt)
+    if SOURCE_COLUMNS[fmt][-1] == ("frames", "array<binary>"):
+        return lambda row: len(row[0]) + (sum(map(len, row[-1])) if row[-1] else 0)
+    return lambda row: len(row[0])
 
 
 def frames_value(frames: list):

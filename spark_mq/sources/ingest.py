@@ -2,11 +2,12 @@
 
 Responsible for: (re)connecting with exponential backoff and full jitter across the endpoint
 list (a first connection the broker keeps refusing, for credentials or a missing queue, fails
-after ``_REFUSAL_GRACE`` instead), consuming in groups (one Arrow batch, one append, one fsync per group), acknowledging per
-``ackMode`` (durable: after the fsync; commit: when Spark commits, as one cumulative ack in a
-transaction; auto: never, the broker did), dropping redeliveries already in the log, pausing while
-the unprocessed log is over its bounds, the availableNow target, and the backlog figures. Runs in
-the driver-side reader process only, started lazily by the stream reader.
+after ``_REFUSAL_GRACE`` instead), consuming in groups (one Arrow batch, one append, one fsync
+per group), acknowledging per ``ackMode`` (durable: after the fsync; commit: when Spark commits,
+as one cumulative ack in a transaction; auto: never, the broker did), dropping redeliveries
+already in the log, pausing while the unprocessed log is over its bounds, the availableNow target,
+and the backlog figures. Runs in the driver-side reader process only, started lazily by the stream
+reader.
 Not responsible for protocol details (``Consumer`` implementations in the per-format modules) or
 for Spark's API (``spark_mq.sources.base``).
 
@@ -137,6 +138,7 @@ class Ingest:
         # fsync in 20,000-message groups (80 MB), 5.0 us in 1 MiB groups: a group that fits the CPU
         # caches is copied (join, IPC serialization, write) from cache; large fresh buffers page-fault.
         self._group_count = self._group_limit
+        self._row_bytes = S.row_bytes_function(fmt)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
@@ -384,10 +386,10 @@ class Ingest:
         """``rows`` in runs of at most ``_MAX_APPEND_BYTES`` of bodies (and frames), at least one row
         each: a group is sized by the last group's mean body, so a jump in body size could make it
         larger than an Arrow binary column holds (2 GiB) or than a batch a task should read whole."""
-        frames = self.fmt == "malamute"  # its last column repeats multi-frame bodies
+        row_bytes = self._row_bytes
         start, size = 0, 0
         for i, row in enumerate(rows):
-            n = len(row[0]) + (sum(map(len, row[-1])) if frames and row[-1] else 0)
+            n = row_bytes(row)
             if size + n > _MAX_APPEND_BYTES and i > start:
                 yield rows[start:i]
                 start, size = i, 0

@@ -78,3 +78,24 @@ def test_a_projection_without_frames_does_not_build_them():
     stored = S.build_batch("malamute", _malamute_rows([[b"a", b"b"]]))
     target = pa.schema([S.source_arrow_schema("malamute").field("body"), S.source_arrow_schema("malamute").field("subject")])
     assert S.project(stored, target).to_pylist() == [{"body": b"a", "subject": "subj"}]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=8), max_size=4), max_size=12))
+def test_row_bytes_count_what_a_row_puts_in_binary_columns(frame_lists):
+    """The size the ingest bounds an append by: the body and, for Malamute, the frames that repeat
+    it, measured on the built batch's binary columns."""
+    rows = _malamute_rows(frame_lists)
+    batch = S.build_batch("malamute", rows)
+    size = S.row_bytes_function("malamute")
+    expected = sum(len(b) for b in batch.column("body").to_pylist()) + \
+        sum(len(f) for fs in batch.column("frames").to_pylist() if fs for f in fs)
+    assert sum(size(r) for r in rows) == expected
+
+
+def test_row_bytes_of_formats_without_frames_is_the_body():
+    size = S.row_bytes_function("stomp")
+    row = (b"x" * 7,) + (None,) * (len(S.SOURCE_COLUMNS["stomp"]) - 1)
+    assert size(row) == 7
+    with pytest.raises(S.SchemaError):
+        S.row_bytes_function("kafka")
