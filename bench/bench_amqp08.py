@@ -318,7 +318,7 @@ def _run(url: str, counts: dict, rounds: int, icount: bool = True) -> dict:
             figures["consume_instructions_per_msg_100B"] = ic
             print(f"consume 100B, instructions per message (callgrind): spark-mq {ic['ours']:,.0f}, "
                   f"pika {ic['pika']:,.0f}, ratio x{ic['ratio']:.3f}")
-    write_results("amqp08", figures)
+    write_results("amqp08", figures, partial=args.quick)
     return results
 
 

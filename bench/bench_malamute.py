@@ -188,7 +188,7 @@ def main(argv: list[str]) -> dict:
         print(f"{label:>6} {count:>8} {med['raw']:>16,.0f} {med['broker']:>13,.0f} {med['broker'] / med['raw']:>6.2f} "
               f"{med['client']:>17,.0f} {med['client'] / med['raw']:>6.2f} {lost:>5}")
     print(f"target: broker >= {TARGET} x raw relay (medians of {repeats} runs)")
-    write_results("bench_malamute", figures)
+    write_results("bench_malamute", figures, partial=quick)
     return figures
 
 

@@ -220,8 +220,9 @@ def main(argv):
     for fmt, row in results.items():
         print(f"{fmt:9} {row['raw']['rows_per_s']:10.0f} {row['batch']['rows_per_s']:10.0f} {row['batch_ratio']:6.2f} "
               f"{row['stream']['rows_per_s']:10.0f} {row['stream_ratio']:6.2f}")
-    path = write_results("sinks", figures)
-    print(f"results: {path}")
+    path = write_results("sinks", figures, partial=opts != DEFAULTS)
+    if path:
+        print(f"results: {path}")
     return figures
 
 

@@ -333,10 +333,7 @@ def main(argv: list[str]) -> dict:
             print(f"{m['format']} memory run: {m['rows']} of {m['messages']} messages in {m['seconds']:.1f}s, log bound "
                   f"{MEMORY_BOUND} messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
                   f"max {m['reader_rss_mib_max']:.0f}")
-    if only or not memory_n or not memory_mlm_n:
-        print("(a partial run: results not written)")
-    else:
-        write_results("sources", figures)
+    write_results("sources", figures, partial=bool(only) or not memory_n or not memory_mlm_n)
     return figures
 
 

@@ -247,8 +247,9 @@ def main(argv):
         }
         rows["ratios (spark-mq / stomp.py)"] = ratios
         print(f"{name:9} ratios spark-mq/stomp.py: " + ", ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
-    path = write_results("stomp", figures)
-    print(f"results: {path}")
+    path = write_results("stomp", figures, partial=opts != DEFAULTS)
+    if path:
+        print(f"results: {path}")
     return figures
 
 

@@ -34,7 +34,13 @@ def measured():
         m.cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
-def write_results(name: str, figures: dict) -> Path:
+def write_results(name: str, figures: dict, partial: bool = False) -> Path | None:
+    """Write ``bench/results/<name>.json``, which the README table and docs/benchmarks.md are
+    generated from; a partial run (smaller counts, fewer repeats, a subset) writes nothing, so those
+    always show a full run."""
+    if partial:
+        print(f"(a partial run: bench/results/{name}.json not written)")
+        return None
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     figures = dict(figures, when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpus=os.cpu_count())
