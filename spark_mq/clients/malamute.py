@@ -36,6 +36,7 @@ from spark_mq.protocol.malamute.client import (
     ServerLost, State,
 )
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
+from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
 
 log = logging.getLogger("spark_mq.clients.malamute")
 
@@ -331,7 +332,7 @@ class MalamuteClient:
         poller.register(pull, zmq.POLLIN)
         backlog: deque = deque()
         clock = time.monotonic
-        noblock = zmq.NOBLOCK
+        noblock = NOBLOCK
         while True:
             now = clock()
             wait_ms = max(0, min(_MAX_POLL_MS, int((proto.next_deadline() - now) * 1000) + 1))
@@ -379,7 +380,7 @@ class MalamuteClient:
                 if not self._room(proto, len(deliveries)):  # checked per message: an answer may come first
                     break
                 try:
-                    frames = dealer.recv_multipart(noblock)
+                    frames = recv_frames(dealer, noblock)
                 except zmq.Again:
                     break
                 try:

@@ -20,6 +20,7 @@ import zmq
 
 from spark_mq.malamute_broker.core import BrokerCore, Limits
 from spark_mq.malamute_broker.store import MailboxStore
+from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
 
 log = logging.getLogger("spark_mq.malamute_broker")
 
@@ -167,8 +168,7 @@ class Broker:
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake_recv, zmq.POLLIN)
         handle = self.core.handle
-        recv = router.recv_multipart
-        noblock = zmq.NOBLOCK
+        noblock = NOBLOCK
         again = zmq.Again
         clock = time.monotonic
         next_tick = clock() + _TICK_INTERVAL
@@ -182,7 +182,7 @@ class Broker:
                 core.retry_backlog()  # clients whose queue was full may have room again
             for _ in range(_DRAIN_BATCH):
                 try:
-                    frames = recv(noblock)
+                    frames = recv_frames(router, noblock)
                 except again:
                     break
                 try:
