@@ -261,15 +261,25 @@ def page() -> str:
         "*End to end* is the query from `start()` to termination, Spark's fixed cost of starting a query",
         "(about 2-3 s here: the driver-side reader process, planning, the first task) included; *batch time",
         "only* divides by the summed `triggerExecution` of the micro-batches. The raw client has no start-up",
-        "cost at all. Traced on 100,000 x 4 KiB Malamute mails: about 2 s pass between `start()` and Spark's",
-        "first call into the source (the JVM's query start, and the reader process, which imports pyspark from",
-        "Spark's `pyspark.zip` and so compiles it from source every time), 0.2 s connecting, then the drain",
-        "and the reads, which overlap; an availableNow run without a queue depth (STOMP, Malamute) ends after",
-        "`quietPeriod` (0.5 s in the benchmark) of silence. The raw Malamute client does nothing per message",
-        "but take it from the list its IO thread hands over, so its ratio measures the whole Spark path",
-        "against almost nothing.",
+        "cost at all. Traced on 100,000 x 4 KiB messages (Malamute, AMQP): 1.3 to 2 s pass between `start()`",
+        "and Spark's first call into the source (the JVM's query start, and the reader process, which imports",
+        "pyspark from Spark's `pyspark.zip` and so compiles it from source every time: importing pyspark's",
+        "source runner took 1.1 s from the zip, 0.34 s from the installed package), 0.1-0.2 s connecting,",
+        "then the drain and the reads, which overlap; an availableNow run without a queue depth (STOMP,",
+        "Malamute) ends after `quietPeriod` (0.5 s in the benchmark) of silence. The raw Malamute client does",
+        "nothing per message but take it from the list its IO thread hands over, so its ratio measures the",
+        "whole Spark path against almost nothing.",
         "",
     ]
+    if (_load("sources") or {}).get("warm_up_queries"):
+        parts += [
+            "Before the measured rounds, one unmeasured query per format and size at the measured count warms",
+            "the JVM's JIT compiler: traced in a fresh JVM, its C2 threads took about 1.9 CPU-s in each of the",
+            "first 4 KiB queries, and without this warm-up the JVM's CPU per 4 KiB run fell from about 3.3 to",
+            "1.8 s over three rounds. A long-running query pays that once; short availableNow runs in a fresh",
+            "Spark session pay it every time.",
+            "",
+        ]
     parts += cpu_section()
     return "\n".join(parts)
 
