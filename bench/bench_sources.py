@@ -19,10 +19,8 @@ on a machine with few cores the source's rate is bounded by their sum.
 
 Before the measured runs, one small query per format (two partitions) starts both executor Python
 workers, and one unmeasured query per format and size at the measured count warms the JVM's JIT
-(``--warm=0`` skips it): costs of the first queries in a Spark session, not of the source. Traced in
-a fresh JVM, its C2 compiler threads took about 1.9 CPU-s in each of the first 4 KiB queries (Spark's
-generic code: collections, IO, Arrow, Netty), and the JVM's CPU per 4 KiB run fell from about 3.3 to
-1.8 s over three measured rounds without this warm-up.
+(``--warm=0`` skips it): costs of the first queries in a Spark session, not of the source (the
+trace behind it is in docs/benchmarks.md, "Reading the source figures").
 """
 
 from __future__ import annotations
@@ -229,6 +227,7 @@ def main(argv: list[str]) -> dict:
     memory_n = _arg(argv, "memory", MEMORY_MESSAGES)
     memory_mlm_n = _arg(argv, "memory-malamute", MEMORY_MALAMUTE)
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
+    warm_up = bool(_arg(argv, "warm", 1))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     brokers = harness()
@@ -275,7 +274,7 @@ def main(argv: list[str]) -> dict:
             # two partitions: both executor Python workers start here (a cold one costs ~1.3 s in the
             # first measured query otherwise, a cost of Spark's, not of the source's)
             run_source(spark, fmt, {**options(warm), "numPartitions": "2"}, tempfile.mkdtemp(prefix="bench-log-"))
-        if _arg(argv, "warm", 1):
+        if warm_up:
             for fmt, (preload, raw, options) in protocols.items():
                 for label, size in SIZES.items():
                     warm = f"bench-{fmt}-{label}-warm-{uuid.uuid4().hex[:6]}"
@@ -344,7 +343,7 @@ def main(argv: list[str]) -> dict:
             print(f"{m['format']} memory run: {m['rows']} of {m['messages']} messages in {m['seconds']:.1f}s, log bound "
                   f"{MEMORY_BOUND} messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
                   f"max {m['reader_rss_mib_max']:.0f}")
-    figures["warm_up_queries"] = bool(_arg(argv, "warm", 1))
+    figures["warm_up_queries"] = warm_up
     write_results("sources", figures, partial=bool(only) or not memory_n or not memory_mlm_n)
     return figures
 

@@ -36,8 +36,8 @@ def measured():
 
 def write_results(name: str, figures: dict, partial: bool = False) -> Path | None:
     """Write ``bench/results/<name>.json``, which the README table and docs/benchmarks.md are
-    generated from; a partial run (smaller counts, fewer repeats, a subset) writes nothing, so those
-    always show a full run."""
+    generated from; a partial run (``--quick``, other counts, a subset of formats) writes nothing, so
+    those always show a full run (the number of rounds or repeats is recorded in the file instead)."""
     if partial:
         print(f"(a partial run: bench/results/{name}.json not written)")
         return None
