@@ -133,6 +133,7 @@ class _Batch:
     pos: int            # byte position of the message in the segment file
     length: int         # bytes of the message (metadata + body)
     sizes: array        # cumulative body sizes, len count+1, sizes[0] == 0
+    before: int = 0     # body bytes appended to the log before this batch (a running count since open)
 
     @property
     def end(self) -> int:
@@ -163,6 +164,10 @@ class LogSlice:
     pieces: tuple  # ((pos, length, first_offset, count), ...)
     lo: int
     hi: int
+
+
+def _first_offset(batch: _Batch) -> int:
+    return batch.first
 
 
 def _body_sizes(batch: pa.RecordBatch) -> array:
@@ -196,6 +201,7 @@ class SourceLog:
         self._schema_bytes = schema.serialize().to_pybytes()
         self._lock = threading.RLock()
         self._segments: list[_Segment] = []
+        self._bytes = 0  # body bytes appended (recovered ones included) since open: see _Batch.before
         self._fd: Optional[int] = None     # local: the active segment, open for append
         self._dirty = False
         self.recovered_truncations = 0
@@ -282,7 +288,9 @@ class SourceLog:
             if batch.num_rows == 0 or offsets[0].as_py() != expected:
                 raise LogCorruptError(f"log {self.location}: segment {path} batch at byte {pos} starts at offset "
                                       f"{offsets[0].as_py() if batch.num_rows else None}, expected {expected}")
-            seg.batches.append(_Batch(expected, batch.num_rows, pos, reader.tell() - pos, _body_sizes(batch)))
+            sizes = _body_sizes(batch)
+            seg.batches.append(_Batch(expected, batch.num_rows, pos, reader.tell() - pos, sizes, self._bytes))
+            self._bytes += sizes[-1]
             expected += batch.num_rows
             seg.size = reader.tell()
         return seg
@@ -338,13 +346,23 @@ class SourceLog:
             return head - start, self.body_bytes(start, head)
 
     def body_bytes(self, lo: int, hi: int) -> int:
+        """Body bytes of the messages held in ``[lo, hi)``. Asked at every group (the log bound) and
+        every availableNow check, so it costs a search, not a walk over every batch held."""
+        if hi <= lo:
+            return 0
         with self._lock:
-            total = 0
-            for b in self._batches_between(lo, hi):
-                a = max(lo, b.first) - b.first
-                z = min(hi, b.end) - b.first
-                total += b.sizes[z] - b.sizes[a]
-            return total
+            return self._bytes_before(hi) - self._bytes_before(lo)
+
+    def _bytes_before(self, x: int) -> int:
+        """The running body-byte count at offset ``x`` (clamped to the messages held)."""
+        for seg in self._segments:  # a few: each holds up to segment_bytes
+            if seg.batches and x < seg.end:
+                batches = seg.batches
+                if x <= batches[0].first:
+                    return batches[0].before
+                b = batches[bisect.bisect_right(batches, x, key=_first_offset) - 1]
+                return b.before + b.sizes[x - b.first]
+        return self._bytes
 
     def _batches_between(self, lo: int, hi: int) -> Iterator[_Batch]:
         for seg in self._segments:
@@ -402,7 +420,8 @@ class SourceLog:
                 self._write_whole(seg.path, b"".join((self._schema_bytes, data)))
                 seg.size += len(data)
                 self._segments.append(seg)
-            seg.batches.append(_Batch(head, batch.num_rows, pos, len(data), sizes))
+            seg.batches.append(_Batch(head, batch.num_rows, pos, len(data), sizes, self._bytes))
+            self._bytes += sizes[-1]
             return head + batch.num_rows
 
     def _drop_empty_tail(self, new_path: str) -> None:
