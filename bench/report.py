@@ -86,7 +86,9 @@ def _sources(rows: list) -> None:
         fmt, size = key.split("_", 1)
         rows.append((f"{fmt} source (availableNow, noop sink) vs raw client", f"{row['n']:,} x {size}",
                      f"{row['source_msgs_per_s']:,.0f} msg/s",
-                     f"x{row['ratio']:.2f} rate (x{row['ratio_in_batches']:.2f} counting batch time only)"
+                     f"x{row['ratio']:.2f} rate (x{row['ratio_in_batches']:.2f} counting batch time only"
+                     + (f"; first message in the log {row['first_data_seconds']:.1f} s after start()"
+                        if row.get("first_data_seconds") is not None else "") + ")"
                      + (f"; median of {row['rounds']} rounds: "
                         + ", ".join(f"x{x:.2f}" for x in row["round_ratios"]) if row.get("rounds", 1) > 1 else ""),
                      ">= 0.7", r.get("when", "")))
