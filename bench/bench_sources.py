@@ -43,9 +43,10 @@ SIZES = {"100B": 100, "4KiB": 4096}
 # A rate, not a start-up time: every query pays about 2 s that do not depend on the count (1.3-1.5 s
 # from start() to the first message in the log: the reader process, pyspark imported from Spark's
 # zip, connecting; 0.3-0.7 s for the last micro-batch after the drain; measured, see
-# docs/benchmarks.md). At 200,000 / 100,000 messages the raw clients took 3-7 s, so that fixed cost
-# was a third of a source run; at these counts the fastest raw runs take 8-15 s. Each run records
-# when the first message reached the log (first_data_seconds), so the fixed part stays visible.
+# docs/benchmarks.md). At 200,000 / 100,000 messages the raw clients took 2-13 s, so that fixed cost
+# was up to a third of a source run; at these counts they take 4-27 s (Malamute's 4 KiB run is the
+# shortest). Each run records when the first message reached the log (first_data_seconds), so the
+# fixed part stays visible.
 COUNTS = {"100B": 500_000, "4KiB": 200_000}
 WARMUP = 2_000
 JIT_WARMUP = 100_000  # messages in the unmeasured warm-up query per format and size
