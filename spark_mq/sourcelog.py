@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from spark_mq.errors import SparkMqError
+from spark_mq.writerlease import LogInUseError, WriterLease
 
 __all__ = ["SourceLog", "LogSlice", "LogCorruptError", "DataLossError", "LogInUseError", "WriterLock",
            "open_filesystem", "read_slice", "SEGMENT_PREFIX"]
@@ -61,10 +62,6 @@ class DataLossError(SparkMqError):
     """Log data needed for a batch is gone (deleted, or the location was changed or wiped)."""
 
 
-class LogInUseError(SparkMqError):
-    """Another source reader writes this log: two queries (or two runs of one) on one ``logLocation``."""
-
-
 LOCK_NAME = "writer.lock"
 
 
@@ -76,7 +73,8 @@ class WriterLock:
     process included), so a restart waits at most until its predecessor is gone (``wait``
     seconds, then ``LogInUseError`` naming the location and the holder). The holder's pid, host
     and start time are written into the file for that message only; the lock is the ``flock``.
-    On other filesystems there is no lock: there one query per ``logLocation`` is the user's rule.
+    Other filesystems have no such lock: there a ``WriterLease`` (``spark_mq.writerlease``) does
+    what a renewed file can.
     """
 
     def __init__(self, root: str, location: str, wait: float) -> None:
@@ -190,8 +188,9 @@ class SourceLog:
     def __init__(self, location: str, schema: pa.Schema, *, fsync: bool = True,
                  segment_bytes: int = 64 << 20, local: Optional[bool] = None,
                  exclusive_wait: Optional[float] = None) -> None:
-        """``exclusive_wait``: take the ``WriterLock`` (local logs), waiting up to that many seconds
-        for another writer to go; ``None`` (readers, tests): no lock."""
+        """``exclusive_wait``: take the ``WriterLock`` (local logs) or ``WriterLease`` (other
+        filesystems), waiting up to that many seconds for another writer to go; ``None`` (readers,
+        tests): neither."""
         self.location = location
         self.schema = schema
         self.fsync = fsync
@@ -205,10 +204,14 @@ class SourceLog:
         self._fd: Optional[int] = None     # local: the active segment, open for append
         self._dirty = False
         self.recovered_truncations = 0
-        self._writer: Optional[WriterLock] = None
-        if exclusive_wait is not None and is_local:
+        self._writer: Optional[WriterLock | WriterLease] = None
+        self._lease: Optional[WriterLease] = None
+        if exclusive_wait is not None:
             self.fs.create_dir(self.root, recursive=True)
-            self._writer = WriterLock(self.root, location, exclusive_wait)
+            if self.local:
+                self._writer = WriterLock(self.root, location, exclusive_wait)
+            else:
+                self._writer = self._lease = WriterLease(self.fs, self.root, location, exclusive_wait)
         try:
             self._open()
         except BaseException:
@@ -395,6 +398,8 @@ class SourceLog:
         Durable after ``sync()`` (local) or at once (other filesystems)."""
         if batch.num_rows == 0:
             return self.head
+        if self._lease is not None:
+            self._lease.check()  # another reader took the log over: write nothing more
         data = batch.serialize()  # a pyarrow Buffer: written as it is, never copied into bytes
         with self._lock:
             head = self.head
@@ -475,6 +480,8 @@ class SourceLog:
         When everything is committed, the active segment is replaced by an empty one at the head."""
         deleted = 0
         with self._lock:
+            if self._lease is not None:
+                self._lease.check()  # what is below ``end`` is another reader's business now
             head = self.head
             while len(self._segments) > 1 and self._segments[0].end <= end and self._segments[1].first <= end:
                 seg = self._segments.pop(0)
@@ -499,6 +506,8 @@ class SourceLog:
         with self._lock:
             if self.head >= offset:
                 return
+            if self._lease is not None:
+                self._lease.check()
             if any(s.batches for s in self._segments):
                 raise DataLossError(f"log {self.location} ends at {self.head} but Spark resumes at {offset}")
             old = list(self._segments)
@@ -554,7 +563,7 @@ class SourceLog:
     def _release_writer(self) -> None:
         if self._writer is not None:
             self._writer.release()
-            self._writer = None
+            self._writer = self._lease = None
 
 
 _FS_CACHE: dict = {}

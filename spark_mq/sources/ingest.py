@@ -40,7 +40,7 @@ from typing import Callable, Optional
 from spark_mq import schema as S
 from spark_mq.errors import BrokerRefusedError, SparkMqError
 from spark_mq.options import Options
-from spark_mq.sourcelog import SourceLog
+from spark_mq.sourcelog import LogInUseError, SourceLog
 from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
@@ -272,7 +272,7 @@ class Ingest:
                 try:
                     self._step()
                 except (SparkMqError, OSError) as exc:
-                    if isinstance(exc, (BrokerUnavailableError, LogWriteError)) or self._stop.is_set():
+                    if isinstance(exc, (BrokerUnavailableError, LogWriteError, LogInUseError)) or self._stop.is_set():
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
