@@ -120,10 +120,14 @@ class WriterLease:
         return holder if isinstance(holder, dict) else {"token": repr(holder)[:64]}
 
     def _write(self) -> None:
+        """Write the whole lease under another name and move it over the lease: a reader never sees
+        half of one (a rename locally; object stores publish an object whole)."""
         self._seq += 1
         data = json.dumps({**self._mine, "seq": self._seq}).encode()
-        with self.fs.open_output_stream(self.path) as out:
+        tmp = f"{self.path}.{self.token}.new"
+        with self.fs.open_output_stream(tmp) as out:
             out.write(data)
+        self.fs.move(tmp, self.path)
 
     # -- taking it ------------------------------------------------------------------------------
 
@@ -143,7 +147,7 @@ class WriterLease:
             if holder is None or self._gone_here(holder):
                 break
             if holder != last:
-                changed = last is not None
+                changed = changed or last is not None
                 last, since = holder, now
             if now - since >= self.ttl:
                 log.warning("source log %s: taking over the lease of %s, not renewed for %.0fs",
