@@ -7,7 +7,7 @@ acking) them; preload N again, time a ``trigger(availableNow=True)`` query from 
 small log bound, sampling the RSS of the driver-side reader process (the one running the ingest),
 and one on malamute: memory must follow the bound, not the message count.
 
-    python -m bench sources                 # ~35 minutes: N=500,000 (100 B), 200,000 (4 KiB), 200,000 for memory
+    python -m bench sources                 # ~20 minutes: N=500,000 (100 B), 200,000 (4 KiB), 200,000 for memory
     python -m bench sources --memory=2000000 --memory-malamute=400000
     python -m bench sources --only=stomp --memory=0 --rounds=1
 
@@ -42,7 +42,7 @@ from bench.common import ProcessCpu, harness, write_results
 SIZES = {"100B": 100, "4KiB": 4096}
 # A rate, not a start-up time: every query pays about 2 s that do not depend on the count (1.3-1.5 s
 # from start() to the first message in the log: the reader process, pyspark imported from Spark's
-# zip, connecting; 0.3-0.7 s for the last micro-batch after the drain; measured, see
+# zip, connecting; about 0.7 s from the emptied queue to the query's end; measured, see
 # docs/benchmarks.md). At 200,000 / 100,000 messages the raw clients took 2-13 s, so that fixed cost
 # was up to a third of a source run; at these counts they take 4-27 s (Malamute's 4 KiB run is the
 # shortest). Each run records when the first message reached the log (first_data_seconds), so the

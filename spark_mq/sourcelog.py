@@ -106,6 +106,9 @@ class WriterLock:
             raise
         self._fd: Optional[int] = fd
 
+    def check(self) -> None:
+        """Nothing to do: an ``flock`` cannot be taken from its holder (``WriterLease.check`` can fail)."""
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor drops the flock
@@ -205,13 +208,12 @@ class SourceLog:
         self._dirty = False
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
-        self._lease: Optional[WriterLease] = None
         if exclusive_wait is not None:
             self.fs.create_dir(self.root, recursive=True)
             if self.local:
                 self._writer = WriterLock(self.root, location, exclusive_wait)
             else:
-                self._writer = self._lease = WriterLease(self.fs, self.root, location, exclusive_wait)
+                self._writer = WriterLease(self.fs, self.root, location, exclusive_wait)
         try:
             self._open()
         except BaseException:
@@ -398,8 +400,8 @@ class SourceLog:
         Durable after ``sync()`` (local) or at once (other filesystems)."""
         if batch.num_rows == 0:
             return self.head
-        if self._lease is not None:
-            self._lease.check()  # another reader took the log over: write nothing more
+        if self._writer is not None:
+            self._writer.check()  # another reader took the log over: write nothing more
         data = batch.serialize()  # a pyarrow Buffer: written as it is, never copied into bytes
         with self._lock:
             head = self.head
@@ -480,8 +482,8 @@ class SourceLog:
         When everything is committed, the active segment is replaced by an empty one at the head."""
         deleted = 0
         with self._lock:
-            if self._lease is not None:
-                self._lease.check()  # what is below ``end`` is another reader's business now
+            if self._writer is not None:
+                self._writer.check()  # what is below ``end`` is another reader's business now
             head = self.head
             while len(self._segments) > 1 and self._segments[0].end <= end and self._segments[1].first <= end:
                 seg = self._segments.pop(0)
@@ -506,8 +508,8 @@ class SourceLog:
         with self._lock:
             if self.head >= offset:
                 return
-            if self._lease is not None:
-                self._lease.check()
+            if self._writer is not None:
+                self._writer.check()
             if any(s.batches for s in self._segments):
                 raise DataLossError(f"log {self.location} ends at {self.head} but Spark resumes at {offset}")
             old = list(self._segments)
@@ -563,7 +565,7 @@ class SourceLog:
     def _release_writer(self) -> None:
         if self._writer is not None:
             self._writer.release()
-            self._writer = self._lease = None
+            self._writer = None
 
 
 _FS_CACHE: dict = {}

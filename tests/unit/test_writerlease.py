@@ -57,7 +57,7 @@ def test_a_second_writer_fails_naming_the_holder_and_close_frees_the_log(tmp_pat
     t0 = time.monotonic()
     second = open_log(where, 0.0)
     assert time.monotonic() - t0 < 1.0  # no holder: only the settle time
-    assert second.head == 3 and lease_of(where)["token"] == second._lease.token
+    assert second.head == 3 and lease_of(where)["token"] == second._writer.token
     second.close()
 
 
@@ -100,7 +100,7 @@ def test_a_holder_elsewhere_that_stops_renewing_lapses_after_the_ttl(tmp_path, m
         log = open_log(str(where), 0.1)
     assert time.monotonic() - t0 >= 0.6
     assert "taking over the lease of pid 1 on another-host" in caplog.text
-    assert lease_of(str(where))["token"] == log._lease.token
+    assert lease_of(str(where))["token"] == log._writer.token
     log.close()
 
 
@@ -111,7 +111,7 @@ def test_a_writer_whose_lease_was_taken_writes_and_deletes_nothing(tmp_path):
     with open(os.path.join(where, writerlease.LEASE_NAME), "w") as f:  # as a reader that took over would
         json.dump({"token": "t-other", "host": "h2", "boot": "b", "pid": 1, "seq": 1}, f)
     deadline = time.monotonic() + 5
-    while log._lease._lost is None and time.monotonic() < deadline:
+    while log._writer._lost is None and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(LogInUseError, match="was taken by another source reader"):
         log.append(rows(2, 2))
@@ -150,5 +150,5 @@ def test_of_two_writers_starting_together_one_fails(tmp_path, monkeypatch):
     for t in threads:
         t.join(30)
     assert len(opened) == 1 and len(failed) == 1, (opened, failed)
-    assert lease_of(where)["token"] == opened[0]._lease.token
+    assert lease_of(where)["token"] == opened[0]._writer.token
     opened[0].close()
