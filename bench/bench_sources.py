@@ -157,6 +157,11 @@ def run_source(spark, fmt, options, logdir) -> SourceRun:
         return _run_source(spark, fmt, options, logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)  # hundreds of MB per run: the final batch is never committed
+        shutil.rmtree(_checkpoint_of(logdir), ignore_errors=True)
+
+
+def _checkpoint_of(logdir: str) -> str:
+    return logdir + "-ckpt"
 
 
 def _first_data(logdir: str, header: int, t0: float, stop: threading.Event, out: list) -> None:
@@ -176,7 +181,7 @@ def _run_source(spark, fmt, options, logdir) -> SourceRun:
     r = spark.readStream.format(fmt).option("logLocation", logdir).option("quietPeriod", "0.5")
     for k, v in options.items():
         r = r.option(k, v)
-    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-", dir=os.path.dirname(logdir))
+    ckpt = _checkpoint_of(logdir)
     header = S.source_arrow_schema(fmt).serialize().size  # a segment starts with the schema message
     stop, first = threading.Event(), []
     t0 = time.perf_counter()
@@ -274,7 +279,8 @@ def main(argv: list[str]) -> dict:
 
     rabbit = brokers.start_rabbitmq()
     # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do)
-    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=tempfile.mkdtemp(prefix="bench-mlm-"),
+    mailboxes = tempfile.mkdtemp(prefix="bench-mlm-")  # GBs at these counts: removed at the end
+    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=mailboxes,
                         args=("--max-queue", str(max(max(COUNTS.values()) * 2, memory_mlm_n))))
     mlm.start()
     from pyspark.sql import SparkSession
@@ -369,6 +375,7 @@ def main(argv: list[str]) -> dict:
     finally:
         spark.stop()
         mlm.stop()
+        shutil.rmtree(mailboxes, ignore_errors=True)
         rabbit._shutdown()
     print(f"median of {rounds} round(s) by ratio;")
     print("source msg/s: query start to end (Spark start-up of the query included); in batches: rows over the")
