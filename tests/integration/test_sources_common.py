@@ -211,7 +211,13 @@ def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
         src.publish(dest, 10, 60)  # the minimum is met: the next trigger takes them, without the delay
         second = rows_after(70, 90)
         assert second - published < 15.0, f"a batch over the minimum waited {second - published:.1f}s"
-        sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+        # the memory sink shows a batch's rows before the query records that batch's progress
+        deadline = time.monotonic() + 30
+        while True:
+            sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+            if sum(sizes) >= 70 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert sizes == [10, 60], sizes
     finally:
         q.stop()
