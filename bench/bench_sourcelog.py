@@ -1,7 +1,9 @@
 """The source log's own costs, no broker and no Spark: the figures docs/sources.md quotes.
 
-1. Group size: CPU per message to build, append and fsync 100,000 x 4 KiB messages in groups of
-   20,000 (the count limit alone) against groups of ``fsyncBytes`` (1 MiB, 256 messages), same run.
+1. Group size: CPU per message to build, append and fsync 200,000 x 4 KiB messages in groups of
+   256 KiB to 80 MB of bodies (80 MB: 20,000 messages, the count limit alone), every size once per
+   round, the rounds interleaved (the machine's disk and page cache drift between runs); the median
+   round per size is printed. ``fsyncBytes`` is chosen from it.
 2. Reading back: ``read_slice`` (one read and one in-place decode per batch message) against
    pyarrow's own stream reader over the same segment bytes read whole, same run: CPU and peak RSS.
 
@@ -18,7 +20,9 @@ import sys
 import tempfile
 import time
 
-N, BODY = 100_000, 4096
+N, BODY = 200_000, 4096
+GROUPS = (64, 256, 512, 1024, 2048, 4096, 20_000)  # messages per group: 256 KiB .. 80 MB of bodies
+ROUNDS = 3
 
 
 def _cpu() -> float:
@@ -73,15 +77,26 @@ def main(argv: list[str]) -> dict:
     import pickle
     from spark_mq import schema as S
     from spark_mq.sourcelog import SourceLog
-    big, _ = _write(20_000)
-    small, where = _write(256)
+    import shutil
+    import statistics
+    spent: dict = {g: [] for g in GROUPS}
+    for _ in range(ROUNDS):
+        for g in GROUPS:
+            us, where = _write(g)
+            spent[g].append(us)
+            shutil.rmtree(where, ignore_errors=True)
+    median = {g: statistics.median(v) for g, v in spent.items()}
+    print(f"append+fsync, {N:,} x {BODY} B, CPU per message by group (median of {ROUNDS} rounds):")
+    best = min(median.values())
+    for g in GROUPS:
+        print(f"  groups of {g:6,} ({g * BODY / (1 << 20):6.2f} MiB): {median[g]:5.1f} us/msg (x{median[g] / best:.2f} "
+              f"the best; rounds {', '.join(f'{x:.1f}' for x in spent[g])})")
+    _, where = _write(256)
     log = SourceLog(where, S.source_arrow_schema("malamute"))
     pickled = where + ".slices"
     with open(pickled, "wb") as f:
         pickle.dump(log.slices(0, log.head), f)
     log.close()
-    print(f"append+fsync, {N:,} x {BODY} B: groups of 20,000 {big:.1f} us/msg CPU, groups of 256 (1 MiB) "
-          f"{small:.1f} us/msg (x{small / big:.2f})")
     t0 = time.perf_counter()
     out = {}
     for how in ("whole", "per-batch"):
@@ -91,7 +106,7 @@ def main(argv: list[str]) -> dict:
     print(f"read back {N:,} x {BODY} B: read_slice {out['per-batch'][0]:.3f} s CPU, peak RSS "
           f"{out['per-batch'][1]:.0f} MiB; whole segments through pyarrow's stream reader "
           f"{out['whole'][0]:.3f} s, {out['whole'][1]:.0f} MiB ({time.perf_counter() - t0:.1f} s)")
-    return {"append_us_per_msg": {"20000": big, "256": small}, "read": out}
+    return {"append_us_per_msg": {str(g): median[g] for g in GROUPS}, "read": out}
 
 
 if __name__ == "__main__":

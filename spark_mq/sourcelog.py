@@ -206,8 +206,14 @@ class SourceLog:
         self._bytes = 0  # body bytes appended (recovered ones included) since open: see _Batch.before
         self._fd: Optional[int] = None     # local: the active segment, open for append
         self._dirty = False
+        # local, fsync: the head the last finished fsync covered (what Spark may plan); fsyncs take
+        # ``_sync_lock`` first and hold ``_lock`` only around their bookkeeping, so appends go on
+        # while one runs (the ingest fsyncs a group while it gathers the next)
+        self._sync_lock = threading.Lock()
+        self._durable = 0
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
+        self.exclusive = exclusive_wait is not None  # the writer's log (readers and tests open it too)
         if exclusive_wait is not None:
             self.fs.create_dir(self.root, recursive=True)
             if self.local:
@@ -254,6 +260,9 @@ class SourceLog:
             self._segments.append(seg)
         if self.local and self._segments:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            if self.fsync and self.exclusive:
+                os.fsync(self._fd)  # what a crashed writer appended but never fsynced: durable now
+        self._durable = self.head
 
     def _scan(self, first: int, path: str, last: bool) -> Optional[_Segment]:
         with self.fs.open_input_file(path) as f:
@@ -327,6 +336,15 @@ class SourceLog:
         """The next offset to be appended."""
         with self._lock:
             return self._segments[-1].end if self._segments else 0
+
+    @property
+    def durable_head(self) -> int:
+        """The offset below which every message is durable: ``head`` once ``sync()`` has returned;
+        ``head`` at once where appends are durable when written (other filesystems, fsync off)."""
+        with self._lock:
+            if self.local and self.fsync:
+                return max(self._durable, self._segments[0].first if self._segments else 0)
+            return self.head
 
     @property
     def tail(self) -> int:
@@ -440,9 +458,12 @@ class SourceLog:
                 self._delete(old.path)
 
     def _new_segment(self, first: int) -> _Segment:
-        """Local: close the active segment (fsynced), create and fsync a new one."""
-        self.sync()
+        """Local: close the active segment (fsynced), create and fsync a new one. Under ``_lock``:
+        the active segment is fsynced here, not through ``sync()`` (which takes ``_sync_lock`` first)."""
         if self._fd is not None:
+            if self._dirty and self.fsync:
+                os.fsync(self._fd)
+            self._dirty = False
             os.close(self._fd)
             self._fd = None
         path = self._path(segment_name(first))
@@ -454,6 +475,7 @@ class SourceLog:
         self._fd = fd
         seg = _Segment(first, path, len(self._schema_bytes), len(self._schema_bytes))
         self._segments.append(seg)
+        self._durable = max(self._durable, first)  # all before ``first`` is in fsynced, closed segments
         return seg
 
     def _fsync_dir(self) -> None:
@@ -469,11 +491,20 @@ class SourceLog:
             os.close(dfd)
 
     def sync(self) -> None:
-        """Make every append so far durable (one fsync for the group)."""
-        with self._lock:
-            if self._dirty and self._fd is not None and self.fsync:
-                os.fsync(self._fd)
-            self._dirty = False
+        """Make every append so far durable (one fsync for the group). Appends may go on meanwhile
+        (from another thread); what they add is made durable by the next ``sync()``."""
+        with self._sync_lock:
+            with self._lock:
+                head = self.head
+                fd = os.dup(self._fd) if (self._dirty and self._fd is not None and self.fsync) else None
+                self._dirty = False
+            if fd is not None:
+                try:
+                    os.fsync(fd)  # a duplicate: a rotation may close the active segment's descriptor meanwhile
+                finally:
+                    os.close(fd)
+            with self._lock:
+                self._durable = max(self._durable, head)
 
     # -- committing -----------------------------------------------------------------------------
 
@@ -553,14 +584,16 @@ class SourceLog:
             yield from read_slice(s, fs=self.fs)
 
     def close(self) -> None:
-        with self._lock:
-            try:
-                self.sync()
-                if self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
-            finally:
-                self._release_writer()
+        try:
+            self.sync()
+        finally:
+            with self._lock:
+                try:
+                    if self._fd is not None:
+                        os.close(self._fd)
+                        self._fd = None
+                finally:
+                    self._release_writer()
 
     def _release_writer(self) -> None:
         if self._writer is not None:

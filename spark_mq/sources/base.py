@@ -188,7 +188,7 @@ class MQStreamReader(DataSourceStreamReader):
             self._last_batch_time = time.monotonic()
         if ing._available_now:
             ing.wait_for(lambda: self._available_now_ready(ing, s, limit), _AVAILABLE_NOW_WAIT)
-        end = ing.log.head
+        end = ing.log.durable_head
         if ing.target is not None:
             end = min(end, max(ing.target, s))
         if not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
@@ -209,7 +209,7 @@ class MQStreamReader(DataSourceStreamReader):
         machine on per-batch overhead instead of on the drain."""
         if ing.target is not None:
             return True
-        head = ing.log.head
+        head = ing.log.durable_head
         if head <= s:
             return False
         if ing.paused or ing.over_bound() or ing.starved() or ing.waiting_for_commit():
@@ -263,7 +263,7 @@ class MQStreamReader(DataSourceStreamReader):
 
     def reportLatestOffset(self) -> dict:
         ing = self._engine()
-        return {"offset": ing.log.head, **ing.figures()}
+        return {"offset": ing.log.durable_head, **ing.figures()}
 
     def prepareForTriggerAvailableNow(self) -> None:
         ing = self._engine()

@@ -75,11 +75,13 @@ def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monk
     frames = {2: [b"a" * 3000, b"b" * 6000]}  # message 2 carries 9,000 more bytes of frames
     ing._consumer = _FakeConsumer([b"first"])
     ing._step()  # the log's first segment exists (creating it syncs too)
+    ing._finish_group()  # its fsync (on the fsync thread) done
     ing._consumer = _FakeConsumer(list(bodies), lambda i: frames.get(i))
     syncs = []
     real_sync = ing.log.sync
     monkeypatch.setattr(ing.log, "sync", lambda: (syncs.append(1), real_sync()))
     ing._step()
+    ing._finish_group()
     assert ing.log.head == 1 + len(bodies) and len(syncs) == 1
     batches = list(ing.log.read(1, 1 + len(bodies)))
     sizes = [b.num_rows for b in batches]
@@ -122,3 +124,77 @@ def test_a_log_write_failure_stops_the_ingest_before_any_ack(tmp_path, monkeypat
     assert str(tmp_path / "log") in str(ing.error) and "No space left" in str(ing.error)
     assert acked == [] and connects == [0]
     ing.log.close()
+
+
+def test_a_group_is_acked_and_offered_to_spark_only_once_written_and_fsynced(tmp_path, monkeypatch):
+    """Pipelined groups: the writer thread appends and fsyncs a group while the ingest thread takes
+    the next one; the group's ack (durable mode) and Spark's view of the log (``durable_head``) wait
+    for that fsync, and the next group is offered to the writer only after it."""
+    import threading
+
+    acked = []
+
+    class Consumer(_FakeConsumer):
+        def ack(self, msgs):
+            acked.append([body for _, body in msgs])
+
+    ing = _ingest(tmp_path)
+    ing.ack_mode = "durable"  # as amqp08 and stomp have it; Malamute's rows suit the fake consumer
+    ing._consumer = Consumer([b"a", b"b"])
+    ing._step()
+    ing._finish_group()
+    assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
+    real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
+
+    def slow_sync():
+        entered.set()
+        assert release.wait(10)
+        real_sync()
+
+    monkeypatch.setattr(ing.log, "sync", slow_sync)
+    ing._consumer = Consumer([b"c", b"d", b"e"])
+    ing._step()  # handed to the writer, whose fsync now waits
+    assert entered.wait(10)
+    assert acked == [[b"a", b"b"]] and ing.log.head == 5 and ing.log.durable_head == 2
+    ing._consumer.bodies = [b"f"]
+    taken = threading.Thread(target=ing._step)  # the next group: taken and built, then waits for the fsync
+    taken.start()
+    taken.join(0.5)
+    assert taken.is_alive() and acked == [[b"a", b"b"]]
+    release.set()
+    taken.join(10)
+    assert acked == [[b"a", b"b"], [b"c", b"d", b"e"]]
+    ing._finish_group()
+    assert acked[-1] == [b"f"] and ing.log.durable_head == ing.log.head == 6
+    assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    ing.stop()
+
+
+def test_an_fsync_failure_fails_the_ingest_and_acks_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from spark_mq.sources.ingest import LogWriteError
+
+    acked = []
+
+    class Consumer(_FakeConsumer):
+        def ack(self, msgs):
+            acked.extend(msgs)
+
+        def close(self):
+            pass
+
+    ing = _ingest(tmp_path)
+    ing.ack_mode = "durable"
+    ing._connect = lambda attempt: Consumer([b"a", b"b", b"c"])
+
+    def broken():
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ing.log, "sync", broken)
+    ing.start()
+    ing._thread.join(10)
+    assert isinstance(ing.error, LogWriteError) and "Input/output error" in str(ing.error), ing.error
+    assert acked == [] and ing.log.durable_head == 0
+    monkeypatch.undo()  # the disk is back: closing the log fsyncs it
+    ing.stop()

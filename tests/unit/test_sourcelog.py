@@ -113,6 +113,54 @@ def test_fsync_is_grouped(tmp_path, monkeypatch):
     assert len(calls) == 1  # nothing new: no second fsync
 
 
+def test_durable_head_follows_the_fsyncs(tmp_path, monkeypatch):
+    """Spark plans up to ``durable_head``: appends move it only once a ``sync()`` (or a segment's
+    rotation, which fsyncs the closed segment) has covered them; an fsync running on another thread
+    does not cover what is appended meanwhile, and does not hold appends up."""
+    import threading
+
+    log = SourceLog(str(tmp_path / "log"), SCHEMA, segment_bytes=1 << 20)
+    log.append(rows(0, 3))
+    assert (log.head, log.durable_head) == (3, 0)
+    log.sync()
+    assert log.durable_head == 3
+    real, entered, release = os.fsync, threading.Event(), threading.Event()
+
+    def slow_fsync(fd):
+        entered.set()
+        assert release.wait(10)
+        real(fd)
+
+    log.append(rows(3, 2))
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    syncing = threading.Thread(target=log.sync)
+    syncing.start()
+    assert entered.wait(10)
+    log.append(rows(5, 4))  # while that fsync runs: not blocked by it, not covered by it
+    assert (log.head, log.durable_head) == (9, 3)
+    release.set()
+    syncing.join(10)
+    monkeypatch.setattr(os, "fsync", real)
+    assert log.durable_head == 5
+    log.sync()
+    assert log.durable_head == 9
+    log.append(rows(9, 1, size=2 << 20))  # past segment_bytes: the next append rotates
+    log.append(rows(10, 1))
+    assert (log.head, log.durable_head) == (11, 10)  # the closed segment was fsynced on rotation
+    log.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert again.durable_head == again.head == 11  # what a log holds when opened is durable
+    again.close()
+
+
+def test_durable_head_is_the_head_where_appends_are_durable_when_written(tmp_path):
+    for log in (SourceLog(str(tmp_path / "generic"), SCHEMA, local=False),
+                SourceLog(str(tmp_path / "nofsync"), SCHEMA, fsync=False)):
+        log.append(rows(0, 4))
+        assert log.durable_head == log.head == 4
+        log.close()
+
+
 def test_torn_tail_is_detected_and_truncated(tmp_path):
     log = SourceLog(str(tmp_path / "log"), SCHEMA)
     log.append(rows(0, 4))
