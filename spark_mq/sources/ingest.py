@@ -145,9 +145,9 @@ class Ingest:
         self._group_limit = opts.fsyncMessages if self.ack_mode == "auto" else \
             max(1, min(opts.fsyncMessages, self.prefetch // 2))
         # ... and about ``fsyncBytes`` of bodies: the count follows the last group's mean body size.
-        # ``./dev bench sourcelog``: 4 KiB bodies cost 15.4 us of CPU per message to build, append and
-        # fsync in 20,000-message groups (80 MB), 5.0 us in 1 MiB groups: a group that fits the CPU
-        # caches is copied (join, IPC serialization, write) from cache; large fresh buffers page-fault.
+        # ``./dev bench sourcelog`` (4 KiB bodies, build + append + fsync): 3.8 us of CPU per message
+        # in 1 MiB groups, 8.8 us in 20,000-message groups (80 MB), 7.9 us at 256 KiB: a group that fits
+        # the CPU caches is copied from cache (join, IPC serialization, write); large fresh buffers page-fault.
         self._group_count = self._group_limit
         self._row_bytes = S.row_bytes_function(fmt)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
@@ -391,7 +391,6 @@ class Ingest:
         self._unsynced = _Group(written, consumer, self._generation, msgs, kept_tokens, first + len(rows))
         if written is None:
             self._finish_group()
-        self.first_poll_done = True
         with self._cond:
             self._cond.notify_all()
         self._maybe_fix_target(consumer, quiet_ok=False)
@@ -404,7 +403,8 @@ class Ingest:
     def _write(self, batches: list) -> None:
         """Append a group's batches and fsync them (one fsync): on the writer thread, so that the
         ingest thread takes and builds the next group meanwhile. Writing and fsyncing stay on one
-        thread: ext4 here charges appends made during another thread's fsync several times the CPU."""
+        thread: with the fsync alone on it, the ingest thread's appends during that fsync cost 3-4
+        times the CPU (ext4, 200,000 x 4 KiB; two runs each way, a noisy machine)."""
         try:
             for batch in batches:
                 self.log.append(batch)
@@ -423,6 +423,7 @@ class Ingest:
             return
         if group.written is not None:
             group.written.result()  # raises the writer's LogWriteError
+        self.first_poll_done = True  # what the first poll took is in the log, durable: a ``once`` batch sees it
         if not ack or group.consumer is not self._consumer:
             return
         consumer = group.consumer
