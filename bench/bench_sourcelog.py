@@ -14,6 +14,7 @@ Prints its figures; writes no result file (the README's table is for peer compar
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -103,6 +104,8 @@ def main(argv: list[str]) -> dict:
         res = subprocess.run([sys.executable, "-m", "bench.bench_sourcelog", "--read", pickled, how],
                              capture_output=True, text=True, check=True)
         out[how] = [float(x) for x in res.stdout.split()]
+    shutil.rmtree(where, ignore_errors=True)
+    os.remove(pickled)
     print(f"read back {N:,} x {BODY} B: read_slice {out['per-batch'][0]:.3f} s CPU, peak RSS "
           f"{out['per-batch'][1]:.0f} MiB; whole segments through pyarrow's stream reader "
           f"{out['whole'][0]:.3f} s, {out['whole'][1]:.0f} MiB ({time.perf_counter() - t0:.1f} s)")
