@@ -127,6 +127,7 @@ class _Group(NamedTuple):
     msgs: list
     kept: list               # commit mode: (offset or None for a dropped duplicate, msg)
     head: int                # the log head after the group
+    body_bytes: int
 
 
 class Ingest:
@@ -319,11 +320,15 @@ class Ingest:
                 pass
 
     def over_bound(self) -> bool:
+        """The log, with the group the writer thread may still be appending, holds the bound."""
         base = self.committed
-        head = self.log.head
+        group = self._unsynced
+        written = self.log.head
+        head = max(written, group.head) if group is not None else written
         if head - base >= self.opts.maxUncommittedMessages:
             return True
-        return self.log.body_bytes(base, head) >= self.opts.maxUncommittedBytes
+        pending = group.body_bytes if group is not None and group.head > written else 0
+        return self.log.body_bytes(base, written) + pending >= self.opts.maxUncommittedBytes
 
     def _step(self) -> None:
         consumer = self._consumer
@@ -378,8 +383,9 @@ class Ingest:
                 kept_tokens.append((offset, msg))
                 offset += 1
         batches = [S.build_batch(self.fmt, chunk) for chunk in self._chunks(rows)] if rows else []
+        body_bytes = sum(len(row[0]) for row in rows)
         if rows:
-            self._size_groups(sum(len(row[0]) for row in rows), len(rows))
+            self._size_groups(body_bytes, len(rows))
         # the group before this one: written and fsynced by now (while this one was taken and
         # built), then acked; this one goes to the writer thread
         self._finish_group()
@@ -388,7 +394,7 @@ class Ingest:
         else:
             written = None
             self._write(batches)
-        self._unsynced = _Group(written, consumer, self._generation, msgs, kept_tokens, first + len(rows))
+        self._unsynced = _Group(written, consumer, self._generation, msgs, kept_tokens, first + len(rows), body_bytes)
         if written is None:
             self._finish_group()
         with self._cond:
