@@ -35,8 +35,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 from spark_mq import schema as S
 from spark_mq.errors import BrokerRefusedError, SparkMqError
@@ -119,17 +118,6 @@ class _Dedup:
         return len(self._ids)
 
 
-class _Group(NamedTuple):
-    """A group handed to the log writer; acked once it is written and fsynced."""
-    written: Optional[Future]  # the append and fsync on the writer thread (None: done in line)
-    consumer: object
-    generation: int
-    msgs: list
-    kept: list               # commit mode: (offset or None for a dropped duplicate, msg)
-    head: int                # the log head after the group
-    body_bytes: int
-
-
 class Ingest:
     """One source's ingest thread and the state it shares with the stream reader."""
 
@@ -154,13 +142,6 @@ class Ingest:
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
-        # A group is appended and fsynced on this thread while the ingest thread takes and builds
-        # the next; the group is acked (and offered to Spark: durable_head) once that returns.
-        # Measured on 200,000 x 4 KiB Malamute mails, ingest alone: 1.4-1.6 s of the ingest
-        # thread's 3.9-4.5 s were spent waiting in fsync (0.15 s of it CPU).
-        self._log_writer = ThreadPoolExecutor(1, thread_name_prefix=f"spark-mq-log-writer-{fmt}") \
-            if self.log.local and opts.fsync else None
-        self._unsynced: Optional[_Group] = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -205,8 +186,6 @@ class Ingest:
         if self._thread is not None:
             self._thread.join(timeout)
         self._close_consumer()
-        if self._log_writer is not None:
-            self._log_writer.shutdown(wait=True)
         self.log.close()
 
     def check(self) -> None:
@@ -297,10 +276,8 @@ class Ingest:
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
-                    self._finish_group(ack=False)  # durable before reconnecting: its redeliveries are dropped
                     self._close_consumer()
                     down_since = time.monotonic()
-            self._finish_group(ack=True)  # stopped: the last group is acked rather than redelivered
         except BaseException as exc:  # noqa: BLE001 - handed to the query through check()
             if not self._stop.is_set():
                 log.error("%s source: ingest failed: %s", self.fmt, exc)
@@ -320,22 +297,17 @@ class Ingest:
                 pass
 
     def over_bound(self) -> bool:
-        """The log, with the group the writer thread may still be appending, holds the bound."""
         base = self.committed
-        group = self._unsynced
-        written = self.log.head
-        head = max(written, group.head) if group is not None else written
+        head = self.log.head
         if head - base >= self.opts.maxUncommittedMessages:
             return True
-        pending = group.body_bytes if group is not None and group.head > written else 0
-        return self.log.body_bytes(base, written) + pending >= self.opts.maxUncommittedBytes
+        return self.log.body_bytes(base, head) >= self.opts.maxUncommittedBytes
 
     def _step(self) -> None:
         consumer = self._consumer
         if self._want_depth:
             self._count_target(consumer)
         if self.over_bound():
-            self._finish_group()  # Spark can plan (and so commit) only what is durable
             if not self.paused:
                 self.paused = True
                 consumer.pause()
@@ -348,14 +320,13 @@ class Ingest:
             self.last_message = time.monotonic()  # a pause is not the broker's silence
         msgs = consumer.poll(self._group_count, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
         if not msgs:
-            self._finish_group()
             self.first_poll_done = True
             self._maybe_fix_target(consumer, quiet_ok=True)
             return
         now = time.monotonic()
         self.last_message = now
         now_us = int(time.time() * 1_000_000)
-        first = offset = self._unsynced.head if self._unsynced is not None else self.log.head
+        offset = self.log.head
         kept_tokens = []
         if self.fmt in _NO_REDELIVERIES:
             rows = [consumer.row(msg, offset + i, now_us) for i, msg in enumerate(msgs)]
@@ -382,70 +353,34 @@ class Ingest:
                 rows.append(row)
                 kept_tokens.append((offset, msg))
                 offset += 1
-        batches = [S.build_batch(self.fmt, chunk) for chunk in self._chunks(rows)] if rows else []
-        body_bytes = sum(len(row[0]) for row in rows)
         if rows:
-            self._size_groups(body_bytes, len(rows))
-        # the group before this one: written and fsynced by now (while this one was taken and
-        # built), then acked; this one goes to the writer thread
-        self._finish_group()
-        if self._log_writer is not None:
-            written = self._log_writer.submit(self._write, batches)
+            head = self.log.head
+            try:
+                for chunk in self._chunks(rows):
+                    new_head = self.log.append(S.build_batch(self.fmt, chunk))
+                self.log.sync()
+            except OSError as exc:
+                # not a broker problem: reconnecting would take the same messages again, and the
+                # identities just remembered would drop them as duplicates of what never reached the log
+                raise LogWriteError(f"{self.fmt} source: writing the source log at {self.opts.logLocation} "
+                                    f"failed: {exc}") from exc
+            self._size_groups(self.log.body_bytes(head, new_head), len(rows))
         else:
-            written = None
-            self._write(batches)
-        self._unsynced = _Group(written, consumer, self._generation, msgs, kept_tokens, first + len(rows), body_bytes)
-        if written is None:
-            self._finish_group()
+            new_head = self.log.head
+        # acknowledgements, after the fsync
+        if self.ack_mode == "durable":
+            consumer.ack(msgs)
+        elif self.ack_mode == "commit":
+            with self._consumer_lock:
+                gen = self._generation
+                for off, msg in kept_tokens:
+                    # a kept message is done when Spark commits past it; a dropped duplicate, when
+                    # Spark commits past everything before it
+                    self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
+        self.first_poll_done = True  # what the first poll took is durable in the log: a ``once`` batch sees it
         with self._cond:
             self._cond.notify_all()
         self._maybe_fix_target(consumer, quiet_ok=False)
-
-    def _write_error(self, exc: OSError) -> LogWriteError:
-        # not a broker problem: reconnecting would take the same messages again, and the identities
-        # just remembered would drop them as duplicates of what never reached the log
-        return LogWriteError(f"{self.fmt} source: writing the source log at {self.opts.logLocation} failed: {exc}")
-
-    def _write(self, batches: list) -> None:
-        """Append a group's batches and fsync them (one fsync): on the writer thread, so that the
-        ingest thread takes and builds the next group meanwhile. Writing and fsyncing stay on one
-        thread: with the fsync alone on it, the ingest thread's appends during that fsync cost 3-4
-        times the CPU (ext4, 200,000 x 4 KiB; two runs each way, a noisy machine)."""
-        try:
-            for batch in batches:
-                self.log.append(batch)
-            self.log.sync()
-        except OSError as exc:
-            raise self._write_error(exc) from exc
-        with self._cond:
-            self._cond.notify_all()  # Spark may be waiting for the durable head to move
-
-    def _finish_group(self, ack: bool = True) -> None:
-        """Wait for the appended group's fsync, then acknowledge it (durable: now; commit: once
-        Spark commits past it). Skipped acks (``ack=False``, or a consumer replaced since) become
-        redeliveries that the log drops as duplicates."""
-        group, self._unsynced = self._unsynced, None
-        if group is None:
-            return
-        if group.written is not None:
-            group.written.result()  # raises the writer's LogWriteError
-        self.first_poll_done = True  # what the first poll took is in the log, durable: a ``once`` batch sees it
-        if not ack or group.consumer is not self._consumer:
-            return
-        consumer = group.consumer
-        if self.ack_mode == "durable":
-            consumer.ack(group.msgs)
-        elif self.ack_mode == "commit":
-            with self._consumer_lock:
-                if group.generation != self._generation:
-                    return
-                for off, msg in group.kept:
-                    # a kept message is done when Spark commits past it; a dropped duplicate, when
-                    # Spark commits past everything before it
-                    self._pending_acks.append(((off + 1) if off is not None else group.head, group.generation,
-                                               consumer.token(msg)))
-        with self._cond:
-            self._cond.notify_all()
 
     def _chunks(self, rows: list):
         """``rows`` in runs of at most ``_MAX_APPEND_BYTES`` of bodies (and frames), at least one row
@@ -523,7 +458,6 @@ class Ingest:
             else:
                 quiet = self._depth_now(consumer) == 0 and consumer.buffered() == 0
         if reached or quiet:
-            self._finish_group()  # the target is offered to Spark: durable first
             self.target = self.log.head
             log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,
                      "queue depth reached" if reached else "quiet period")

@@ -75,13 +75,11 @@ def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monk
     frames = {2: [b"a" * 3000, b"b" * 6000]}  # message 2 carries 9,000 more bytes of frames
     ing._consumer = _FakeConsumer([b"first"])
     ing._step()  # the log's first segment exists (creating it syncs too)
-    ing._finish_group()  # its fsync (on the fsync thread) done
     ing._consumer = _FakeConsumer(list(bodies), lambda i: frames.get(i))
     syncs = []
     real_sync = ing.log.sync
     monkeypatch.setattr(ing.log, "sync", lambda: (syncs.append(1), real_sync()))
     ing._step()
-    ing._finish_group()
     assert ing.log.head == 1 + len(bodies) and len(syncs) == 1
     batches = list(ing.log.read(1, 1 + len(bodies)))
     sizes = [b.num_rows for b in batches]
@@ -126,10 +124,9 @@ def test_a_log_write_failure_stops_the_ingest_before_any_ack(tmp_path, monkeypat
     ing.log.close()
 
 
-def test_a_group_is_acked_and_offered_to_spark_only_once_written_and_fsynced(tmp_path, monkeypatch):
-    """Pipelined groups: the writer thread appends and fsyncs a group while the ingest thread takes
-    the next one; the group's ack (durable mode) and Spark's view of the log (``durable_head``) wait
-    for that fsync, and the next group is offered to the writer only after it."""
+def test_a_group_is_acked_and_offered_to_spark_only_once_fsynced(tmp_path, monkeypatch):
+    """A group is appended, then fsynced: until that fsync returns, the group is not acked (durable
+    mode) and Spark's view of the log (``durable_head``) stays before it, though it is appended."""
     import threading
 
     acked = []
@@ -142,7 +139,6 @@ def test_a_group_is_acked_and_offered_to_spark_only_once_written_and_fsynced(tmp
     ing.ack_mode = "durable"  # as amqp08 and stomp have it; Malamute's rows suit the fake consumer
     ing._consumer = Consumer([b"a", b"b"])
     ing._step()
-    ing._finish_group()
     assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
     real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
 
@@ -153,20 +149,14 @@ def test_a_group_is_acked_and_offered_to_spark_only_once_written_and_fsynced(tmp
 
     monkeypatch.setattr(ing.log, "sync", slow_sync)
     ing._consumer = Consumer([b"c", b"d", b"e"])
-    ing._step()  # handed to the writer, whose fsync now waits
+    step = threading.Thread(target=ing._step)
+    step.start()
     assert entered.wait(10)
     assert acked == [[b"a", b"b"]] and ing.log.head == 5 and ing.log.durable_head == 2
-    ing._consumer.bodies = [b"f"]
-    taken = threading.Thread(target=ing._step)  # the next group: taken and built, then waits for the fsync
-    taken.start()
-    taken.join(0.5)
-    assert taken.is_alive() and acked == [[b"a", b"b"]]
     release.set()
-    taken.join(10)
-    assert acked == [[b"a", b"b"], [b"c", b"d", b"e"]]
-    ing._finish_group()
-    assert acked[-1] == [b"f"] and ing.log.durable_head == ing.log.head == 6
-    assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    step.join(10)
+    assert acked == [[b"a", b"b"], [b"c", b"d", b"e"]] and ing.log.durable_head == 5
+    assert [x for b in ing.log.read(0, 5) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e"]
     ing.stop()
 
 
