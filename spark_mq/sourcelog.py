@@ -207,8 +207,8 @@ class SourceLog:
         self._fd: Optional[int] = None     # local: the active segment, open for append
         self._dirty = False
         # local, fsync: the head the last finished fsync covered (what Spark may plan); fsyncs take
-        # ``_sync_lock`` first and hold ``_lock`` only around their bookkeeping, so appends go on
-        # while one runs (the ingest fsyncs a group while it gathers the next)
+        # ``_sync_lock`` first and hold ``_lock`` only around their bookkeeping, so Spark's calls
+        # (slices, byte counts, commits) and appends go on while one waits on the disk
         self._sync_lock = threading.Lock()
         self._durable = 0
         self.recovered_truncations = 0
