@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,8 +80,6 @@ def main(argv: list[str]) -> dict:
     import pickle
     from spark_mq import schema as S
     from spark_mq.sourcelog import SourceLog
-    import shutil
-    import statistics
     spent: dict = {g: [] for g in GROUPS}
     for _ in range(ROUNDS):
         for g in GROUPS:

@@ -213,7 +213,6 @@ class SourceLog:
         self._durable = 0
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
-        self.exclusive = exclusive_wait is not None  # the writer's log (readers and tests open it too)
         if exclusive_wait is not None:
             self.fs.create_dir(self.root, recursive=True)
             if self.local:
@@ -260,7 +259,7 @@ class SourceLog:
             self._segments.append(seg)
         if self.local and self._segments:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
-            if self.fsync and self.exclusive:
+            if self.fsync and self._writer is not None:  # the writer's open, not a reader's or a test's
                 os.fsync(self._fd)  # what a crashed writer appended but never fsynced: durable now
         self._durable = self.head
 
@@ -342,9 +341,7 @@ class SourceLog:
         """The offset below which every message is durable: ``head`` once ``sync()`` has returned;
         ``head`` at once where appends are durable when written (other filesystems, fsync off)."""
         with self._lock:
-            if self.local and self.fsync:
-                return max(self._durable, self._segments[0].first if self._segments else 0)
-            return self.head
+            return self._durable if self.local and self.fsync else self.head
 
     @property
     def tail(self) -> int:

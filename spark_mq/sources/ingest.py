@@ -134,8 +134,8 @@ class Ingest:
         self._group_limit = opts.fsyncMessages if self.ack_mode == "auto" else \
             max(1, min(opts.fsyncMessages, self.prefetch // 2))
         # ... and about ``fsyncBytes`` of bodies: the count follows the last group's mean body size.
-        # ``./dev bench sourcelog`` (4 KiB bodies, build + append + fsync): 3.8 us of CPU per message
-        # in 1 MiB groups, 8.8 us in 20,000-message groups (80 MB), 7.9 us at 256 KiB: a group that fits
+        # ``./dev bench sourcelog`` (4 KiB bodies, build + append + fsync): 3.3 us of CPU per message
+        # in 1 MiB groups, 8.1 us in 20,000-message groups (80 MB), 6.9 us at 256 KiB: a group that fits
         # the CPU caches is copied from cache (join, IPC serialization, write); large fresh buffers page-fault.
         self._group_count = self._group_limit
         self._row_bytes = S.row_bytes_function(fmt)
