@@ -377,7 +377,11 @@ class BrokerCore:
 
     def _reply(self, rid: bytes, frames: list) -> None:
         """Send an answer; while the client's queue is full it waits, after earlier ones, in
-        ``backlog_replies`` (at most ``_MAX_HELD_REPLIES`` per client; beyond, it is dropped and counted)."""
+        ``backlog_replies`` (at most ``_MAX_HELD_REPLIES`` per client; beyond, it is dropped and counted).
+        The store's records are flushed first: once a client hears anything back, the mail it sent
+        before survives a killed broker."""
+        if self.store is not None:
+            self.store.flush()
         queued = self.backlog_replies.get(rid)
         if queued is None:
             if self.send(rid, frames):
@@ -390,6 +394,8 @@ class BrokerCore:
 
     def retry_backlog(self) -> None:
         """Deliver what waited for a full client queue (see ``backlog_mailboxes``), in order."""
+        if self.store is not None and self.backlog_replies:
+            self.store.flush()
         for rid in list(self.backlog_replies):
             queued = self.backlog_replies[rid]
             while queued and self.send(rid, queued[0]):

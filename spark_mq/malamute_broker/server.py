@@ -174,6 +174,7 @@ class Broker:
         next_tick = clock() + _TICK_INTERVAL
         stop = self._stop
         core = self.core
+        store = self.store
         while not stop.is_set():
             backlog = core.backlog_mailboxes or core.backlog_services or core.backlog_replies
             poller.poll(_BACKLOG_POLL_MS if backlog else _POLL_MS)
@@ -192,6 +193,8 @@ class Broker:
             if now >= next_tick:
                 self.core.tick(now)
                 next_tick = now + _TICK_INTERVAL
+            if store is not None:
+                store.flush()  # one write for the turn's records (see MailboxStore)
 
 
 def serve(endpoints: Iterable[str], **kwargs) -> Broker:

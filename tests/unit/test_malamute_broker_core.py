@@ -294,6 +294,28 @@ def test_persistent_store_round_trip(tmp_path):
     assert MailboxStore(tmp_path).load() == []
 
 
+def test_store_writes_its_records_before_any_reply_and_at_each_flush(tmp_path):
+    store = MailboxStore(tmp_path)
+    store.load()
+    net = Net(store=store)
+    net.open(b"S", "s")
+    size = store.path.stat().st_size
+    net.do(b"S", codec.MailboxSend("bob", "one", "", 0, [b"a" * 100]))
+    net.do(b"S", codec.MailboxSend("bob", "two", "", 0, [b"b"]))
+    assert store.path.stat().st_size == size  # buffered: no write per record
+    assert net.do(b"S", codec.ConnectionPing()) == [(b"S", codec.ConnectionPong())]
+    stored = store.path.stat().st_size
+    assert stored > size + 100  # the sender heard back: both records are in the file
+    net.do(b"B", codec.ConnectionOpen("bob"))  # both delivered; the OK went out before the deliveries
+    assert store.path.stat().st_size == stored
+    store.flush()  # what the loop does at the end of its turn
+    assert store.path.stat().st_size > stored
+    reread = MailboxStore(tmp_path)
+    assert reread.load() == []  # read from the file alone: stored, then delivered
+    reread.close()
+    store.close()
+
+
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([b"A", b"B", b"C"]),
                           st.lists(st.binary(max_size=24), min_size=0, max_size=3)), max_size=12))
