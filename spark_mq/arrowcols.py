@@ -57,25 +57,55 @@ def _utf8(text: str) -> bytes:
 
 
 def _binary(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
+    if pa.types.is_string(type_):
+        return _strings(values, type_, n)
     validity, nulls = _validity(values, n)
     if nulls == n:
         return pa.nulls(n, type_)
-    if pa.types.is_string(type_):
-        try:
-            items = [v.encode() if v is not None else b"" for v in values]
-        except UnicodeEncodeError:  # undecodable bytes kept as lone surrogates by the protocol decoders
-            items = [_utf8(v) if v is not None else b"" for v in values]
-    elif nulls:
-        items = [v if v is not None else b"" for v in values]
-    else:
-        items = values
+    items = [v if v is not None else b"" for v in values] if nulls else values
+    return _from_items(items, type_, n, validity, nulls, b"".join(items))
+
+
+def _from_items(items: Sequence, type_: pa.DataType, n: int, validity, nulls: int, data: bytes) -> pa.Array:
+    """A binary/string array over ``data``, the concatenation of ``items`` (whose ``len`` is their
+    size in ``data``)."""
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
     if offsets[-1] > _INT32_MAX:
         raise SparkMqError(f"a group of {n} messages holds {offsets[-1]} bytes in one column, more than an Arrow "
                            f"binary column can (2 GiB): lower 'fsyncMessages'")
-    data = pa.py_buffer(b"".join(items))
-    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offsets.astype(np.int32)), data], null_count=nulls)
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+                                 null_count=nulls)
+
+
+def _encode(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # undecodable bytes kept as lone surrogates by the protocol decoders
+        return _utf8(text)
+
+
+def _strings(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
+    """A string column. Most string columns of a group hold one value in every row (the queue, the
+    exchange, the sender's address): encoded once. Otherwise the values are joined and encoded in one
+    call when they are ASCII (the usual ids and names: a character is then a byte), else one by one."""
+    first = values[0] if n else None
+    if first is not None and values.count(first) == n:  # an identity test per row, in C
+        raw = _encode(first)
+        if len(raw) * n > _INT32_MAX:
+            raise SparkMqError(f"a group of {n} messages holds {len(raw) * n} bytes in one column, more than an "
+                               f"Arrow string column can (2 GiB): lower 'fsyncMessages'")
+        offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(raw))
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)], null_count=0)
+    validity, nulls = _validity(values, n)
+    if nulls == n:
+        return pa.nulls(n, type_)
+    texts = [v if v is not None else "" for v in values] if nulls else values
+    joined = "".join(texts)
+    if joined.isascii():
+        return _from_items(texts, type_, n, validity, nulls, joined.encode("ascii"))
+    items = [_encode(v) for v in texts]
+    return _from_items(items, type_, n, validity, nulls, b"".join(items))
 
 
 def _integers(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
@@ -99,7 +129,10 @@ def _booleans(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
     validity, nulls = _validity(values, n)
     if nulls == n:
         return pa.nulls(n, type_)
-    bits = np.packbits(np.fromiter((bool(v) for v in values), dtype=bool, count=n), bitorder="little")
+    if not any(values):  # the usual column: no redelivery in the group
+        bits = np.zeros((n + 7) // 8, dtype=np.uint8)
+    else:
+        bits = np.packbits(np.fromiter(map(bool, values), dtype=bool, count=n), bitorder="little")
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(bits)], null_count=nulls)
 
 

@@ -82,7 +82,7 @@ class MalamuteConsumer:
         return out
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
-        frames = [bytes(f) for f in msg.content]
+        frames = msg.content  # a list of bytes (the client receives every frame as bytes)
         tracker = getattr(msg, "tracker", "") or ""
         return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
                 msg.sender, msg.address, msg.subject, tracker, S.frames_value(frames))

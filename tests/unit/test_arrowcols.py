@@ -47,6 +47,34 @@ def test_column_equals_pa_array(name):
     check()
 
 
+@pytest.mark.parametrize("name", ["string", "binary", "boolean"])
+def test_repeated_values_equal_pa_array(name):
+    """Columns where most or all rows hold one value (a group's queue or sender: the fast paths)."""
+    type_ = CASES[name][0]
+    few = {"string": st.sampled_from(["orders", "é-ü", "\udcff", ""]),
+           "binary": st.sampled_from([b"a", b"", b"\xff\x00"]),
+           "boolean": st.booleans()}[name]
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(few, min_size=1, max_size=30), st.lists(st.none() | few, max_size=3), st.booleans())
+    def check(same, tail, as_tuple):
+        vals = [same[0]] * len(same) + tail
+        vals = tuple(vals) if as_tuple else vals
+        got = column(vals, type_)
+        got.validate(full=True)
+        expected = pa.array([_replaced(v) for v in vals], type=type_)
+        assert got.equals(expected), (vals, got, expected)
+
+    check()
+
+
+def _replaced(v):
+    """What an Arrow string holds for ``v``: lone surrogates become U+FFFD (see the test below)."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return v
+
+
 def test_all_null_and_empty_columns():
     for type_, _ in CASES.values():
         assert column([None, None], type_).equals(pa.nulls(2, type_))

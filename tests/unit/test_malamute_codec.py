@@ -184,6 +184,37 @@ def test_fast_path_decodes_exactly_as_the_general_decoder(mid, rest, content, al
             return ("error", str(exc))
 
     assert outcome(codec.decode) == outcome(codec._decode_general)
+    assert outcome(codec.decode) == outcome(codec._decode_general)  # again: a header seen before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(codec._STRINGS_ONLY)), st.lists(st.text(max_size=8), min_size=4, max_size=4),
+       st.lists(st.binary(max_size=6), max_size=3),
+       st.lists(st.sampled_from([None, codec.SERVER_MESSAGES, codec.CLIENT_MESSAGES]), min_size=2, max_size=4))
+def test_a_remembered_header_decodes_as_the_first_time(mid, strings, content, alloweds):
+    """decode remembers recent headers: the same header later, in another direction (allowed set)
+    or with other content frames, answers exactly as the general decoder does."""
+    cls = codec.MESSAGE_TYPES[mid]
+    header = codec.SIGNATURE + bytes((mid,)) + b"".join(
+        codec.encode_string(t) for t in strings[:len(cls.FIELDS)])
+    for i, allowed in enumerate(alloweds):
+        frames = [header, *content[:i]]
+
+        def outcome(fn):
+            try:
+                return fn(frames, allowed)
+            except RemoteProtocolError as exc:
+                return ("error", str(exc))
+
+        assert outcome(codec.decode) == outcome(codec._decode_general)
+
+
+def test_remembered_headers_are_bounded():
+    codec._RECENT_HEADERS.clear()
+    for i in range(codec._RECENT_MAX + 10):
+        msg = codec.StreamDeliver("s", f"sender-{i}", "subject", [b"b"])
+        assert codec.decode(codec.encode(msg), codec.SERVER_MESSAGES) == msg
+    assert 0 < len(codec._RECENT_HEADERS) <= codec._RECENT_MAX
 
 
 @settings(max_examples=200, deadline=None)

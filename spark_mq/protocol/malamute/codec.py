@@ -298,11 +298,29 @@ def _strings_only_layouts() -> dict:
         names = [name for name, _ in cls.FIELDS]
         init = [f.name for f in dataclasses.fields(cls) if f.name != "content"]
         if all(kind is S for _, kind in cls.FIELDS) and names == init:
-            out[int(mid)] = (cls, MessageId(mid), len(names), cls.HAS_CONTENT)
+            out[int(mid)] = (cls, MessageId(mid), len(names), cls.HAS_CONTENT, tuple(names))
     return out
 
 
 _STRINGS_ONLY = _strings_only_layouts()
+
+#: header bytes -> (class, id, {field: value}) of strings-only headers decoded lately: a consumer's
+#: deliveries mostly repeat one header (the same sender, address or stream, subject and no tracker),
+#: so its fields are decoded once per distinct header, not once per message. Emptied when full.
+_RECENT_HEADERS: dict = {}
+_RECENT_MAX = 4096
+
+
+def _fast_instance(cls, fields: dict, content):
+    """``cls(**fields, content=content)`` without the frozen dataclass's ``__init__`` (which sets each
+    field through ``object.__setattr__``: a third of a delivery's decoding): every field is given,
+    the values come from the decoder, and no message class has a ``__post_init__``."""
+    message = object.__new__(cls)
+    state = message.__dict__
+    state.update(fields)
+    if content is not None:
+        state["content"] = content
+    return message
 
 # ---------------------------------------------------------------- encoding
 
@@ -377,11 +395,20 @@ def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message
         header = frames[0]
         if not isinstance(header, bytes):
             header = bytes(header)
+        known = _RECENT_HEADERS.get(header)
+        if known is not None:
+            cls, mid, fields = known
+            if allowed is None or mid in allowed:
+                if cls.HAS_CONTENT:
+                    return _fast_instance(cls, fields, list(frames[1:]))
+                if len(frames) == 1:
+                    return _fast_instance(cls, fields, None)
+            return _decode_general([header, *frames[1:]], allowed)
         n = len(header)
         fast = _STRINGS_ONLY.get(header[2]) if n >= HEADER_PREFIX_LEN and header[0] == 0xAA and \
             header[1] == 0xA8 else None
         if fast is not None and (allowed is None or fast[1] in allowed):
-            cls, _, count, has_content = fast
+            cls, mid, count, has_content, names = fast
             values = []
             offset = HEADER_PREFIX_LEN
             for _ in range(count):
@@ -393,11 +420,12 @@ def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message
                 values.append(header[offset + 1:end].decode(_ENCODING, _ERRORS))
                 offset = end
             else:
-                if offset == n:
-                    if has_content:
-                        return cls(*values, content=list(frames[1:]))
-                    if len(frames) == 1:
-                        return cls(*values)
+                if offset == n and (has_content or len(frames) == 1):
+                    fields = dict(zip(names, values))
+                    if len(_RECENT_HEADERS) >= _RECENT_MAX:
+                        _RECENT_HEADERS.clear()
+                    _RECENT_HEADERS[header] = (cls, mid, fields)
+                    return _fast_instance(cls, fields, list(frames[1:]) if has_content else None)
         return _decode_general([header, *frames[1:]], allowed)
     return _decode_general(frames, allowed)
 
