@@ -90,7 +90,8 @@ def _strings(values: Sequence, type_: pa.DataType, n: int) -> pa.Array:
     exchange, the sender's address): encoded once. Otherwise the values are joined and encoded in one
     call when they are ASCII (the usual ids and names: a character is then a byte), else one by one."""
     first = values[0] if n else None
-    if first is not None and values.count(first) == n:  # an identity test per row, in C
+    count = getattr(values, "count", None)
+    if first is not None and count is not None and count(first) == n:  # an identity test per row, in C
         raw = _encode(first)
         if len(raw) * n > _INT32_MAX:
             raise SparkMqError(f"a group of {n} messages holds {len(raw) * n} bytes in one column, more than an "
