@@ -294,6 +294,9 @@ def main(argv: list[str]) -> dict:
              .config("spark.sql.streaming.numRecentProgressUpdates", "100000").getOrCreate())
     for ds in (Amqp08DataSource, StompDataSource, MalamuteDataSource):
         spark.dataSource.register(ds)
+    from bench import ceiling
+    ceiling.register(spark)
+    cores = os.cpu_count() or 1
     figures: dict = {"counts": counts, "target_ratio": TARGET, "rounds": rounds}
     rows = []
     try:
@@ -340,9 +343,14 @@ def main(argv: list[str]) -> dict:
                     with ProcessCpu() as src_cpu:
                         got_src, src_s, _, batch_s, first_s = run_source(spark, fmt, options(name),
                                                                          tempfile.mkdtemp(prefix="bench-log-"))
-                    if got_raw != n or got_src != n:
-                        raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src} of {n} "
-                                           f"preloaded: the rates would not compare the same work")
+                    # Spark alone on the same rows (no broker, no ingest, no log): what the source
+                    # cannot beat; with the raw run's CPU it bounds the best ratio this machine allows
+                    with ProcessCpu() as ceil_cpu:
+                        got_ceil, ceil_s = ceiling.run(spark, fmt, n, size)
+                    if got_raw != n or got_src != n or got_ceil != n:
+                        raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src}, Spark alone "
+                                           f"{got_ceil} of {n}: the rates would not compare the same work")
+                    best_s = max(ceil_s, (sum(ceil_cpu.seconds.values()) + sum(raw_cpu.seconds.values())) / cores)
                     raw_rate, src_rate = got_raw / raw_s, got_src / src_s
                     batch_rate = got_src / batch_s if batch_s else 0.0
                     row = {"n": n, "raw_received": got_raw, "source_rows": got_src, "round": rnd + 1,
@@ -352,11 +360,16 @@ def main(argv: list[str]) -> dict:
                            "raw_seconds": raw_s, "source_seconds": src_s, "first_data_seconds": first_s,
                            # CPU seconds by process during each run ("driver" is this process: the raw
                            # client itself in the raw run; py4j and the CPU sampler in the source run)
-                           "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds}
+                           "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds,
+                           "ceiling_seconds": ceil_s, "ceiling_msgs_per_s": got_ceil / ceil_s,
+                           "ceiling_ratio": (got_ceil / ceil_s) / raw_rate, "ceiling_cpu": ceil_cpu.seconds,
+                           "best_possible_ratio": raw_s / best_s}
                     measured.setdefault((fmt, label), []).append(row)
                     print(f"round {rnd + 1}: {fmt} {label} raw {raw_rate:.0f} msg/s, source {src_rate:.0f} msg/s, "
                           f"ratio {src_rate / raw_rate:.2f}, first message in the log after "
-                          f"{first_s if first_s is not None else float('nan'):.2f}s; CPU s raw {raw_cpu.seconds}, source {src_cpu.seconds}",
+                          f"{first_s if first_s is not None else float('nan'):.2f}s; Spark alone x{(got_ceil / ceil_s) / raw_rate:.2f}, "
+                          f"best possible x{raw_s / best_s:.2f}; CPU s raw {raw_cpu.seconds}, source {src_cpu.seconds}, "
+                          f"Spark alone {ceil_cpu.seconds}",
                           flush=True)
         for (fmt, label), runs in measured.items():
             median = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]

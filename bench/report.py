@@ -90,7 +90,9 @@ def _sources(rows: list) -> None:
                      + (f"; first message in the log {row['first_data_seconds']:.1f} s after start()"
                         if row.get("first_data_seconds") is not None else "") + ")"
                      + (f"; median of {row['rounds']} rounds: "
-                        + ", ".join(f"x{x:.2f}" for x in row["round_ratios"]) if row.get("rounds", 1) > 1 else ""),
+                        + ", ".join(f"x{x:.2f}" for x in row["round_ratios"]) if row.get("rounds", 1) > 1 else "")
+                     + (f"; Spark alone on the same rows x{row['ceiling_ratio']:.2f}, best possible here "
+                        f"x{row['best_possible_ratio']:.2f}" if "ceiling_ratio" in row else ""),
                      ">= 0.7", r.get("when", "")))
 
 

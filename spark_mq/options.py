@@ -426,9 +426,12 @@ SOURCE_OPTIONS = define(
                doc="With minMessagesPerTrigger: run a smaller batch once this long has passed since the last."),
     OptionSpec("numPartitions", OptionType.INT, minimum=1, directions=_SRC, doc=(
         "Split each micro-batch into this many partitions (contiguous log ranges; order is kept within each). "
-        "Default: by size, see maxPartitionBytes.")),
+        "Default: by size and count, see maxPartitionBytes and maxPartitionMessages.")),
     OptionSpec("maxPartitionBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
                doc="Without numPartitions: a partition holds at most about this many body bytes."),
+    OptionSpec("maxPartitionMessages", OptionType.INT, default=50_000, minimum=1, directions=_SRC, doc=(
+        "Without numPartitions: a partition holds at most this many messages (a large batch of small "
+        "bodies is read by several tasks at once).")),
     OptionSpec("prefetch", OptionType.INT, minimum=1, directions=_SRC,
                doc="Broker prefetch (AMQP basic.qos, STOMP prefetch header). Default 1000 (10000 for ackMode=commit)."),
     OptionSpec("failOnDataLoss", OptionType.BOOL, default=True, directions=_SRC, doc=(

@@ -40,7 +40,7 @@ except ImportError:  # Spark 4.0/4.1: limits come from the options only, no avai
     SupportsTriggerAvailableNow = None
     HAS_READ_LIMITS = False
 
-__all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS"]
+__all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS", "partition_count"]
 
 # availableNow plans a batch before the target once the unplanned log holds this many partitions'
 # worth of body bytes (maxPartitionBytes each): reading a large backlog only after the drain would
@@ -95,6 +95,19 @@ def _data_loss(lo: int, hi: int, location: str, why: str) -> DataLossError:
     return DataLossError(
         f"micro-batch {_batch_id()}: offsets [{lo}, {hi}) are no longer in the source log at {location} ({why}). "
         f"They were deleted, or logLocation changed or was wiped. Set failOnDataLoss=false to skip them.")
+
+
+def partition_count(count: int, body_bytes: int, opts: Options) -> int:
+    """How many partitions a batch of ``count`` messages (``body_bytes`` of bodies) is split into:
+    ``numPartitions`` if given, else enough that none holds more than ``maxPartitionBytes`` of bodies
+    or ``maxPartitionMessages`` messages (as Spark's file sources split by size, and Kafka's by
+    ``maxRecordsPerPartition``); never more than one per message. Spark converts rows one by one,
+    so a large batch of small bodies split by bytes alone (a backlog, a batch read) would be one
+    task on one core while the other cores idle."""
+    n = opts.get("numPartitions")
+    if n is None:
+        n = max(math.ceil(body_bytes / opts.maxPartitionBytes), math.ceil(count / opts.maxPartitionMessages))
+    return max(1, min(n, count))
 
 
 def read_partition(partition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -284,10 +297,7 @@ class MQStreamReader(DataSourceStreamReader):
         if have_lo >= have_hi:
             return [LogPartition(0, lo, hi, (), missing, location, self.opts.failOnDataLoss)]
         count = have_hi - have_lo
-        n = self.opts.get("numPartitions")
-        if n is None:
-            n = max(1, math.ceil(ing.log.body_bytes(have_lo, have_hi) / self.opts.maxPartitionBytes))
-        n = max(1, min(n, count))
+        n = partition_count(count, ing.log.body_bytes(have_lo, have_hi), self.opts)
         bounds = [have_lo + (count * i) // n for i in range(n + 1)]
         parts = []
         for i in range(n):
@@ -356,7 +366,7 @@ class MQBatchReader(DataSourceReader):
                         break
                     rows.extend(consumer.row(msg, len(rows), now_us) for msg in msgs)
             batch = S.build_batch(self.fmt, rows)
-            n = max(1, min(opts.get("numPartitions") or 1, len(rows) or 1))
+            n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
             bounds = [(len(rows) * i) // n for i in range(n + 1)]
             parts = []
             for i in range(n):

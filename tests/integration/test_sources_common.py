@@ -185,6 +185,39 @@ def test_available_now_reads_a_large_backlog_while_it_drains(spark, src, tmp_pat
     assert all(sum(len(b) for _, b in rows) >= 2000 for rows in parts[:-1]), sizes
 
 
+def test_a_large_batch_of_small_bodies_is_split_by_message_count(spark, malamute_broker, unique_name, tmp_path):
+    """Without numPartitions a batch is split by body bytes and by ``maxPartitionMessages``: a
+    backlog of small bodies becomes several partitions (read by several tasks at once), each a
+    contiguous, ordered run of the log, every message once. The planning is the same code for every
+    format, so one format shows it."""
+    src = Malamute(malamute_broker, unique_name)
+    n, per_partition = 3000, 700
+    dest = src.new_destination()
+    src.publish(dest, 0, n)
+    batches: dict = {}
+
+    def collect(batch_df, batch_id):
+        batches[batch_id] = batch_df.rdd.mapPartitions(lambda it: [[(r.offset, r.body) for r in it]]).collect()
+
+    df = reader(spark, src, dest, tmp_path / "log", maxPartitionMessages=per_partition)
+    q = finish(df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+               .trigger(availableNow=True).start(), "split by count")
+    assert q.exception() is None, q.exception()
+    rows = [row for parts in batches.values() for part in parts for row in part]
+    assert sorted(o for o, _ in rows) == list(range(n))  # each message exactly once
+    for batch_id, parts in batches.items():
+        nonempty = [p for p in parts if p]
+        total = sum(len(p) for p in nonempty)
+        if total:
+            assert len(nonempty) == -(-total // per_partition), (batch_id, [len(p) for p in nonempty])
+        for part in nonempty:
+            assert len(part) <= per_partition
+            offsets = [o for o, _ in part]
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+            assert [int(b[1:]) for _, b in part] == offsets  # m<i> at offset i: the broker's order kept
+    assert max(sum(len(p) for p in parts) for parts in batches.values()) > per_partition  # a split happened
+
+
 def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
     dest = src.new_destination()
     src.publish(dest, 0, 0)  # declares the AMQP queue

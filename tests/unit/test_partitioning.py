@@ -1,0 +1,37 @@
+"""How a micro-batch's range is split into partitions: by numPartitions, else by body bytes and by
+message count (pure arithmetic on parsed options)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_mq.options import SOURCE, parse_options
+from spark_mq.sources.base import partition_count
+
+
+def _opts(**extra):
+    base = {"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": "/nonexistent/log"}
+    return parse_options({**base, **{k: str(v) for k, v in extra.items()}}, format="malamute", direction=SOURCE)
+
+
+@pytest.mark.parametrize("count, body_bytes, expected", [
+    (1, 10, 1),
+    (500_000, 50_000_000, 10),        # 100 B bodies: by count (50,000 each), not one 50 MB partition
+    (200_000, 819_200_000, 13),       # 4 KiB bodies: by bytes (64 MiB each), count would say 4
+    (50_000, 5_000_000, 1),           # exactly one partition's worth of messages
+    (50_001, 5_000_100, 2),
+    (3, 3 << 30, 3),                  # 1 GiB bodies: never more partitions than messages
+    (0, 0, 1),                        # an empty batch reader still has one partition
+])
+def test_default_split_by_bytes_and_count(count, body_bytes, expected):
+    assert partition_count(count, body_bytes, _opts()) == expected
+
+
+def test_limits_are_options():
+    assert partition_count(1000, 1000, _opts(maxPartitionMessages=100)) == 10
+    assert partition_count(1000, 1_000_000, _opts(maxPartitionBytes="100k")) == 10
+
+
+def test_num_partitions_overrides_both_limits():
+    assert partition_count(500_000, 50_000_000, _opts(numPartitions=3)) == 3
+    assert partition_count(2, 50_000_000, _opts(numPartitions=3)) == 2  # at most one per message
