@@ -7,7 +7,7 @@ acking) them; preload N again, time a ``trigger(availableNow=True)`` query from 
 small log bound, sampling the RSS of the driver-side reader process (the one running the ingest),
 and one on malamute: memory must follow the bound, not the message count.
 
-    python -m bench sources                 # ~20 minutes: N=500,000 (100 B), 200,000 (4 KiB), 200,000 for memory
+    python -m bench sources                 # ~30 minutes: counts per format (COUNTS), 200,000 for memory
     python -m bench sources --memory=2000000 --memory-malamute=400000
     python -m bench sources --only=stomp --memory=0 --rounds=1
 
@@ -40,14 +40,19 @@ from spark_mq.sourcelog import SEGMENT_PREFIX
 from bench.common import ProcessCpu, harness, write_results
 
 SIZES = {"100B": 100, "4KiB": 4096}
-# A rate, not a start-up time: every query pays about 2 s that do not depend on the count (1.3-1.5 s
+# A rate, not a start-up time: every query pays 1.5-2.5 s that do not depend on the count (about 1 s
 # from start() to the first message in the log: the reader process, pyspark imported from Spark's
-# zip, connecting; about 0.7 s from the emptied queue to the query's end; measured, see
-# docs/benchmarks.md). At 200,000 / 100,000 messages the raw clients took 2-13 s, so that fixed cost
-# was up to a third of a source run; at these counts they take 4-27 s (Malamute's 4 KiB run is the
-# shortest). Each run records when the first message reached the log (first_data_seconds), so the
-# fixed part stays visible.
-COUNTS = {"100B": 500_000, "4KiB": 200_000}
+# zip, connecting; the quiet period or last depth check, and the last micro-batch, after the drain;
+# see docs/benchmarks.md). So each format's counts keep its raw client's run at about 10 s or more on
+# this machine: on 2026-11-25, at 500,000 x 100 B / 200,000 x 4 KiB for every format, the raw runs
+# took 11.7 / 6.3 s (amqp08), 18.8 / 8.5 s (stomp) and 3.0 / 1.8 s (malamute), where that fixed
+# part was up to half a source run. Each run records when the first message reached the log
+# (first_data_seconds), so the fixed part stays visible.
+COUNTS = {
+    "amqp08": {"100B": 500_000, "4KiB": 400_000},
+    "stomp": {"100B": 500_000, "4KiB": 300_000},
+    "malamute": {"100B": 2_000_000, "4KiB": 1_000_000},
+}
 WARMUP = 2_000
 JIT_WARMUP = 100_000  # messages in the unmeasured warm-up query per format and size
 MEMORY_MESSAGES = 200_000
@@ -267,7 +272,7 @@ def memory_run(spark, fmt: str, preload, options: dict, n: int) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    counts = dict(COUNTS)
+    counts = {fmt: dict(c) for fmt, c in COUNTS.items()}
     memory_n = _arg(argv, "memory", MEMORY_MESSAGES)
     memory_mlm_n = _arg(argv, "memory-malamute", MEMORY_MALAMUTE)
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
@@ -281,7 +286,7 @@ def main(argv: list[str]) -> dict:
     # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do)
     mailboxes = tempfile.mkdtemp(prefix="bench-mlm-")  # GBs at these counts: removed at the end
     mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=mailboxes,
-                        args=("--max-queue", str(max(max(COUNTS.values()) * 2, memory_mlm_n))))
+                        args=("--max-queue", str(max(max(COUNTS["malamute"].values()) * 2, memory_mlm_n))))
     mlm.start()
     from pyspark.sql import SparkSession
     from spark_mq.sources.amqp08 import Amqp08DataSource
@@ -334,7 +339,7 @@ def main(argv: list[str]) -> dict:
         for rnd in range(rounds):
             for fmt, (preload, raw, options) in protocols.items():
                 for label, size in SIZES.items():
-                    n = counts[label]
+                    n = counts[fmt][label]
                     name = f"bench-{fmt}-{label}-{uuid.uuid4().hex[:6]}"
                     preload(name + "-raw", n, size)
                     with ProcessCpu() as raw_cpu:
