@@ -42,10 +42,6 @@ except ImportError:  # Spark 4.0/4.1: limits come from the options only, no avai
 
 __all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS", "partition_count"]
 
-# availableNow plans a batch before the target once the unplanned log holds this many partitions'
-# worth of body bytes (maxPartitionBytes each): reading a large backlog only after the drain would
-# add the whole read to the run; small bodies still make one batch
-_OVERLAP_PARTITIONS = 2
 _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
 _DEFAULT_PREFETCH = 1000
@@ -217,9 +213,11 @@ class MQStreamReader(DataSourceStreamReader):
         or a batch as large as the read limit allows. A batch is planned early when the ingest is
         held back (paused at its log bound, or in commit mode waiting for Spark's commit: then what
         the log holds is all there will be until Spark commits), or when the unplanned log holds
-        ``_OVERLAP_PARTITIONS`` partitions' worth of bodies (executors then read while the ingest
-        drains). Planning many small batches while the ingest is still draining would spend the
-        machine on per-batch overhead instead of on the drain."""
+        half the log's byte bound (``maxUncommittedBytes`` / 2) in bodies: executors then read while
+        the ingest drains, and the ingest never pauses for it. Planning many small batches while the
+        ingest is still draining would spend the machine on per-batch overhead instead of on the
+        drain: measured, 400,000 x 4 KiB Malamute mails planned every 128 MiB (13 batches) gave 0.31
+        / 0.32 of the raw client, every 512 MiB (4 batches) 0.37 / 0.38, with half the JVM's CPU."""
         if ing.target is not None:
             return True
         head = ing.log.durable_head
@@ -227,8 +225,8 @@ class MQStreamReader(DataSourceStreamReader):
             return False
         if ing.paused or ing.over_bound() or ing.starved() or ing.waiting_for_commit():
             return True
-        if ing.log.body_bytes(s, head) >= self.opts.maxPartitionBytes * _OVERLAP_PARTITIONS:
-            return True  # large bodies: executors read this batch while the ingest drains the rest
+        if ing.log.body_bytes(s, head) >= self.opts.maxUncommittedBytes // 2:
+            return True  # a large backlog: executors read this batch while the ingest drains the rest
         if HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable):
             return False
         cap = self._max_messages()
