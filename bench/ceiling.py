@@ -91,12 +91,11 @@ else:  # pragma: no cover - older pyspark
 def _group_batch(fmt: str, size: int, rows: int) -> pa.RecordBatch:
     """``rows`` rows of ``fmt``'s source schema: a ``size``-byte body, destination, timestamp,
     redelivered, offset; every other column null."""
-    names = [name for name, _ in S.SOURCE_COLUMNS[fmt]]
-    now_us = int(time.time() * 1_000_000)
-    body = b"x" * size
-    filled = {"body": lambda i: body, "destination": lambda i: "bench", "timestamp": lambda i: now_us,
-              "redelivered": lambda i: False, "offset": lambda i: i}
-    return S.build_batch(fmt, [tuple(filled[n](i) if n in filled else None for n in names) for i in range(rows)])
+    filled = {"body": b"x" * size, "destination": "bench", "timestamp": int(time.time() * 1_000_000),
+              "redelivered": False}
+    row = [filled.get(name) for name, _ in S.SOURCE_COLUMNS[fmt]]
+    at = [name for name, _ in S.SOURCE_COLUMNS[fmt]].index("offset")
+    return S.build_batch(fmt, [tuple(row[:at] + [i] + row[at + 1:]) for i in range(rows)])
 
 
 class CeilingDataSource(DataSource):
