@@ -316,6 +316,73 @@ def test_store_writes_its_records_before_any_reply_and_at_each_flush(tmp_path):
     store.close()
 
 
+def test_a_running_journal_is_compacted_once_mostly_delivered(tmp_path):
+    """The journal of a running broker stays bounded by what is undelivered, not by what was ever
+    stored: once at least ``compact_bytes`` and at most a quarter undelivered, a flush rewrites it
+    with the undelivered records only (emptied when there are none), which a restart reads back in
+    order with their content; sequence numbers go on rising."""
+    store = MailboxStore(tmp_path, compact_bytes=50_000)
+    store.load()
+    net = Net(store=store)
+    net.open(b"S", "s")
+    for i in range(200):                                   # ~200 KB for bob, none delivered: kept whole
+        net.do(b"S", codec.MailboxSend("bob", f"m{i}", "", 0, [bytes([i]) * 1000]))
+    store.flush()
+    assert store.compactions == 0 and store.path.stat().st_size > 200_000
+    net.do(b"S", codec.MailboxSend("carol", "keep-1", "t", 0, [b"c1", b"second frame"]))
+    net.do(b"S", codec.MailboxSend("carol", "keep-2", "", 0, [b"c2"]))
+    out = net.do(b"B", codec.ConnectionOpen("bob"))         # all 200 delivered: carol's 2 are what is left
+    assert len(out) == 201
+    store.flush()
+    assert store.compactions == 1
+    assert store.path.stat().st_size == store.journal_bytes < 200  # two small records
+    seq = store.append("dave", b"h", [b"d"])                 # appends go on, to the new journal
+    assert seq == 203
+    store.flush()
+    store.close()
+    assert not (tmp_path / "mailboxes.tmp").exists()
+    reread = MailboxStore(tmp_path)
+    restored = reread.load()
+    assert [(address, content) for _, address, _, content in restored] == [
+        ("carol", [b"c1", b"second frame"]), ("carol", [b"c2"]), ("dave", [b"d"])]
+    assert [s for s, *_ in restored] == [201, 202, 203]
+    reread.close()
+
+
+def test_a_journal_with_nothing_undelivered_is_emptied(tmp_path):
+    store = MailboxStore(tmp_path, compact_bytes=10_000)
+    store.load()
+    for round_ in range(5):
+        seqs = [store.append("bob", b"", [b"x" * 1000]) for _ in range(30)]
+        for seq in seqs:
+            store.delivered(seq)
+        store.flush()
+        assert store.path.stat().st_size < 10_000 + 31 * 1100  # never more than a threshold's worth and a round
+    assert store.compactions >= 4 and store.path.stat().st_size == 0
+    store.close()
+    assert MailboxStore(tmp_path).load() == []
+
+
+def test_a_journal_missing_an_undelivered_record_is_kept_whole(tmp_path, caplog):
+    """Compaction never drops what it cannot find: if an undelivered record is not in the journal
+    (damaged), the journal is kept as it is, with a warning naming it."""
+    store = MailboxStore(tmp_path, compact_bytes=10_000)
+    store.load()
+    seqs = [store.append("bob", b"", [b"x" * 1000]) for _ in range(30)]
+    for seq in seqs[1:]:
+        store.delivered(seq)
+    store._live[10_000] = 1  # an undelivered message the journal does not hold
+    with caplog.at_level("WARNING", logger="spark_mq.malamute_broker.store"):
+        store.flush()
+        before = store.path.stat().st_size
+    assert store.compactions == 0 and before > 30_000
+    assert "not compacted" in caplog.text and str(store.path) in caplog.text
+    assert not (tmp_path / "mailboxes.tmp").exists()
+    store.append("bob", b"", [b"after"])                     # the journal still takes appends
+    store.close()
+    assert [c for *_, c in MailboxStore(tmp_path).load()] == [[b"x" * 1000], [b"after"]]
+
+
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([b"A", b"B", b"C"]),
                           st.lists(st.binary(max_size=24), min_size=0, max_size=3)), max_size=12))
