@@ -129,7 +129,9 @@ def stomp_raw(url, dest, n):
 def mlm_preload(endpoint, mailbox, n, size):
     from spark_mq.clients.malamute import MalamuteClient
     body = b"x" * size
-    with MalamuteClient(endpoint, f"p-{uuid.uuid4().hex[:8]}", timeout=5) as c:
+    # the broker answers PINGs behind every send queued before them: a GB of sends takes it longer
+    # than the reference client's 4 s of silence before "server lost"
+    with MalamuteClient(endpoint, f"p-{uuid.uuid4().hex[:8]}", timeout=5, server_timeout=60) as c:
         for _ in range(n):
             c.sendto(mailbox, "s", body)
         c.ping(timeout=60)
