@@ -140,8 +140,8 @@ def main(argv: list[str]) -> dict:
     from spark_mq.malamute_broker.testing import BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
-    # no mailbox journal: it only grows within a broker's run (compacted at start-up), and after a few
-    # GB of preloads its writes slowed the broker until a preload's PING went unanswered for 60 s
+    # no mailbox journal: with one (then compacted only at start-up) two runs failed after a few GB
+    # of preloads, a preload's PING unanswered for 60 s; without, the run went through
     biggest = max(COUNTS["malamute"].values())
     mlm = BrokerProcess(client_timeout=60.0, args=("--max-queue", str(biggest * 2)))
     mlm.start()

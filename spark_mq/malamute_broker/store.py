@@ -13,9 +13,10 @@ the broker runs, ``flush()`` compacts the same way once the journal holds at lea
 ``compact_bytes`` (64 MiB) and at most a quarter of it is still undelivered: emptied when nothing
 is, else rewritten from the undelivered records (read back from the journal itself), written to a
 temporary file, fsynced and renamed over the journal, so a crash leaves the old journal or the new
-one. Without it the journal of a long-running broker grew by every message ever stored (measured:
-a benchmark preloading a few GB of mailbox messages slowed the broker's writes until a client's
-PING went unanswered for 60 s). Records are buffered and written out by
+one. Without it the journal of a long-running broker grew by every message ever stored. (Seen
+before it: ``bench ingest`` with a journaling broker failed twice after a few GB of preloaded
+mailbox mail, a preload's PING unanswered for 60 s; without the journal it ran through. That the
+journal's growth was the cause is likely, not proven.) Records are buffered and written out by
 ``flush()``, which the broker calls before it answers any command and at the end of each turn
 of its loop: a killed broker process loses at most the records of the turn it was in, which
 are messages it had taken from ZeroMQ's queue but not acknowledged in any way, as it would
