@@ -31,13 +31,11 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 
-from bench.bench_sources import amqp_preload, amqp_raw, mlm_preload, mlm_raw, stomp_preload, stomp_raw
+from bench.bench_sources import SIZES, only_formats, pairs, protocol_table
 from bench.common import ProcessCpu, harness, write_results
 
-SIZES = {"100B": 100, "4KiB": 4096}
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
 # was the shortest, at 5 to 10 times the start-up's share of a run)
 COUNTS = {
@@ -145,45 +143,30 @@ def main(argv: list[str]) -> dict:
     biggest = max(COUNTS["malamute"].values())
     mlm = BrokerProcess(client_timeout=60.0, args=("--max-queue", str(biggest * 2)))
     mlm.start()
-    amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")
-    protocols = {
-        "amqp08": (lambda q, n, s: amqp_preload(amqp_url, q, n, s), lambda q, n: amqp_raw(amqp_url, q, n),
-                   lambda q: {"uri": amqp_url, "queue": q}),
-        "stomp": (lambda q, n, s: stomp_preload(stomp_url, "/queue/" + q, n, s),
-                  lambda q, n: stomp_raw(stomp_url, "/queue/" + q, n),
-                  lambda q: {"uri": stomp_url, "destination": "/queue/" + q}),
-        "malamute": (lambda q, n, s: mlm_preload(mlm.endpoint, q, n, s), lambda q, n: mlm_raw(mlm.endpoint, q, n),
-                     lambda q: {"uri": mlm.endpoint, "mailbox": q}),
-    }
-    if only:
-        protocols = {fmt: p for fmt, p in protocols.items() if fmt in only.split(",")}
+    protocols = only_formats(protocol_table(rabbit.url("amqp"), rabbit.url("stomp"), mlm.endpoint), only)
     measured: dict = {}
     try:
-        for rnd in range(rounds):
-            for fmt, (preload, raw, options) in protocols.items():
-                for label, size in SIZES.items():
-                    n = COUNTS[fmt][label]
-                    name = f"bench-ingest-{fmt}-{label}-{uuid.uuid4().hex[:6]}"
-                    preload(name + "-raw", n, size)
-                    with ProcessCpu() as raw_cpu:
-                        got_raw, raw_s = raw(name + "-raw", n)
-                    if got_raw != n:
-                        raise RuntimeError(f"{fmt} {label}: the raw client got {got_raw} of {n}")
-                    row = {"n": n, "round": rnd + 1, "raw_seconds": raw_s, "raw_cpu": raw_cpu.seconds, "variants": {}}
-                    for variant in variants:
-                        queue = f"{name}-{len(row['variants'])}"
-                        preload(queue, n, size)
-                        run = ingest_run(fmt, {**options(queue), **_variant(variant)}, n)
-                        if run["messages"] != n:
-                            raise RuntimeError(f"{fmt} {label} {variant!r}: the ingest logged {run['messages']} of {n}")
-                        run["ratio"] = raw_s / run["seconds"]
-                        row["variants"][variant or "defaults"] = run
-                        st = run["stages"]
-                        print(f"round {rnd + 1}: {fmt} {label} {variant or 'defaults'}: raw {raw_s:.2f}s, ingest "
-                              f"{run['seconds']:.2f}s, ratio {run['ratio']:.2f}; ingest thread: poll {st['poll']:.2f}s, "
-                              f"append {st['append']:.2f}s, fsync {st['fsync']:.2f}s, rest {st['rest']:.2f}s; "
-                              f"CPU s raw {raw_cpu.seconds}, ingest {run['cpu']}", flush=True)
-                    measured.setdefault((fmt, label), []).append(row)
+        for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, COUNTS, rounds, "bench-ingest"):
+            preload(name + "-raw", n, size)
+            with ProcessCpu() as raw_cpu:
+                got_raw, raw_s = raw(name + "-raw", n)
+            if got_raw != n:
+                raise RuntimeError(f"{fmt} {label}: the raw client got {got_raw} of {n}")
+            row = {"n": n, "round": rnd + 1, "raw_seconds": raw_s, "raw_cpu": raw_cpu.seconds, "variants": {}}
+            for variant in variants:
+                queue = f"{name}-{len(row['variants'])}"
+                preload(queue, n, size)
+                run = ingest_run(fmt, {**options(queue), **_variant(variant)}, n)
+                if run["messages"] != n:
+                    raise RuntimeError(f"{fmt} {label} {variant!r}: the ingest logged {run['messages']} of {n}")
+                run["ratio"] = raw_s / run["seconds"]
+                row["variants"][variant or "defaults"] = run
+                st = run["stages"]
+                print(f"round {rnd + 1}: {fmt} {label} {variant or 'defaults'}: raw {raw_s:.2f}s, ingest "
+                      f"{run['seconds']:.2f}s, ratio {run['ratio']:.2f}; ingest thread: poll {st['poll']:.2f}s, "
+                      f"append {st['append']:.2f}s, fsync {st['fsync']:.2f}s, rest {st['rest']:.2f}s; "
+                      f"CPU s raw {raw_cpu.seconds}, ingest {run['cpu']}", flush=True)
+            measured.setdefault((fmt, label), []).append(row)
     finally:
         mlm.stop()
         rabbit._shutdown()

@@ -149,6 +149,37 @@ def mlm_raw(endpoint, mailbox, n):
     return got, time.perf_counter() - t0
 
 
+def protocol_table(amqp_url: str, stomp_url: str, mlm_endpoint: str) -> dict:
+    """format -> (preload(name, n, size), raw(name, n) -> (received, seconds), source options(name))."""
+    return {
+        "amqp08": (lambda name, n, s: amqp_preload(amqp_url, name, n, s), lambda name, n: amqp_raw(amqp_url, name, n),
+                   lambda name: {"uri": amqp_url, "queue": name}),
+        "stomp": (lambda name, n, s: stomp_preload(stomp_url, "/queue/" + name, n, s),
+                  lambda name, n: stomp_raw(stomp_url, "/queue/" + name, n),
+                  lambda name: {"uri": stomp_url, "destination": "/queue/" + name}),
+        "malamute": (lambda name, n, s: mlm_preload(mlm_endpoint, name, n, s),
+                     lambda name, n: mlm_raw(mlm_endpoint, name, n),
+                     lambda name: {"uri": mlm_endpoint, "mailbox": name}),
+    }
+
+
+def only_formats(protocols: dict, only: Optional[str]) -> dict:
+    """``--only=a,b``: those formats of ``protocols``; all without it."""
+    return {fmt: p for fmt, p in protocols.items() if not only or fmt in only.split(",")}
+
+
+def pairs(protocols: dict, counts: dict, rounds: int, prefix: str):
+    """The measured order: every format and size once per round (so a noisy minute of this shared
+    machine lands in one round of several pairs, not in every round of one pair). Yields (round,
+    format, size label, body size, count, a fresh queue name, (preload, raw, options)); the caller
+    preloads and runs."""
+    for rnd in range(rounds):
+        for fmt, protocol in protocols.items():
+            for label, size in SIZES.items():
+                yield (rnd, fmt, label, size, counts[fmt][label],
+                       f"{prefix}-{fmt}-{label}-{uuid.uuid4().hex[:6]}", protocol)
+
+
 # -- the source through Spark -------------------------------------------------------------------
 
 class SourceRun(NamedTuple):
@@ -308,20 +339,8 @@ def main(argv: list[str]) -> dict:
     rows = []
     try:
         amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")
-        protocols = {
-            "amqp08": (lambda name, n, s: amqp_preload(amqp_url, name, n, s), lambda name, n: amqp_raw(amqp_url, name, n),
-                       lambda name: {"uri": amqp_url, "queue": name}),
-            "stomp": (lambda name, n, s: stomp_preload(stomp_url, "/queue/" + name, n, s),
-                      lambda name, n: stomp_raw(stomp_url, "/queue/" + name, n),
-                      lambda name: {"uri": stomp_url, "destination": "/queue/" + name}),
-            "malamute": (lambda name, n, s: mlm_preload(mlm.endpoint, name, n, s),
-                         lambda name, n: mlm_raw(mlm.endpoint, name, n),
-                         lambda name: {"uri": mlm.endpoint, "mailbox": name}),
-        }
-        protocols_all = dict(protocols)
-        only = _arg(argv, "only", None, str)
-        if only:
-            protocols = {fmt: p for fmt, p in protocols.items() if fmt in only.split(",")}
+        protocols_all = protocol_table(amqp_url, stomp_url, mlm.endpoint)
+        protocols = only_formats(protocols_all, _arg(argv, "only", None, str))
         measured: dict = {}
         for fmt, (preload, raw, options) in protocols.items():
             warm = f"bench-{fmt}-warmup-{uuid.uuid4().hex[:6]}"
@@ -336,48 +355,42 @@ def main(argv: list[str]) -> dict:
                     preload(warm, JIT_WARMUP, size)
                     got, seconds, *_ = run_source(spark, fmt, options(warm), tempfile.mkdtemp(prefix="bench-log-"))
                     print(f"warm-up (not measured): {fmt} {label} {got} messages in {seconds:.1f}s", flush=True)
-        # rounds: every format and size once per round, so a noisy minute of this shared machine
-        # lands in one round of several pairs, not in every round of one pair
-        for rnd in range(rounds):
-            for fmt, (preload, raw, options) in protocols.items():
-                for label, size in SIZES.items():
-                    n = counts[fmt][label]
-                    name = f"bench-{fmt}-{label}-{uuid.uuid4().hex[:6]}"
-                    preload(name + "-raw", n, size)
-                    with ProcessCpu() as raw_cpu:
-                        got_raw, raw_s = raw(name + "-raw", n)
-                    preload(name, n, size)
-                    with ProcessCpu() as src_cpu:
-                        got_src, src_s, _, batch_s, first_s = run_source(spark, fmt, options(name),
-                                                                         tempfile.mkdtemp(prefix="bench-log-"))
-                    # Spark alone on the same rows (no broker, no ingest, no log): what the source
-                    # cannot beat; with the raw run's CPU it bounds the best ratio this machine allows
-                    with ProcessCpu() as ceil_cpu:
-                        got_ceil, ceil_s = ceiling.run(spark, fmt, n, size)
-                    if got_raw != n or got_src != n or got_ceil != n:
-                        raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src}, Spark alone "
-                                           f"{got_ceil} of {n}: the rates would not compare the same work")
-                    best_s = max(ceil_s, (sum(ceil_cpu.seconds.values()) + sum(raw_cpu.seconds.values())) / cores)
-                    raw_rate, src_rate = got_raw / raw_s, got_src / src_s
-                    batch_rate = got_src / batch_s if batch_s else 0.0
-                    row = {"n": n, "raw_received": got_raw, "source_rows": got_src, "round": rnd + 1,
-                           "raw_msgs_per_s": raw_rate, "source_msgs_per_s": src_rate,
-                           "source_in_batches_msgs_per_s": batch_rate,
-                           "ratio": src_rate / raw_rate, "ratio_in_batches": batch_rate / raw_rate,
-                           "raw_seconds": raw_s, "source_seconds": src_s, "first_data_seconds": first_s,
-                           # CPU seconds by process during each run ("driver" is this process: the raw
-                           # client itself in the raw run; py4j and the CPU sampler in the source run)
-                           "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds,
-                           "ceiling_seconds": ceil_s, "ceiling_msgs_per_s": got_ceil / ceil_s,
-                           "ceiling_ratio": (got_ceil / ceil_s) / raw_rate, "ceiling_cpu": ceil_cpu.seconds,
-                           "best_possible_ratio": raw_s / best_s}
-                    measured.setdefault((fmt, label), []).append(row)
-                    print(f"round {rnd + 1}: {fmt} {label} raw {raw_rate:.0f} msg/s, source {src_rate:.0f} msg/s, "
-                          f"ratio {src_rate / raw_rate:.2f}, first message in the log after "
-                          f"{first_s if first_s is not None else float('nan'):.2f}s; Spark alone x{(got_ceil / ceil_s) / raw_rate:.2f}, "
-                          f"best possible x{raw_s / best_s:.2f}; CPU s raw {raw_cpu.seconds}, source {src_cpu.seconds}, "
-                          f"Spark alone {ceil_cpu.seconds}",
-                          flush=True)
+        for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, counts, rounds, "bench"):
+            preload(name + "-raw", n, size)
+            with ProcessCpu() as raw_cpu:
+                got_raw, raw_s = raw(name + "-raw", n)
+            preload(name, n, size)
+            with ProcessCpu() as src_cpu:
+                got_src, src_s, _, batch_s, first_s = run_source(spark, fmt, options(name),
+                                                                 tempfile.mkdtemp(prefix="bench-log-"))
+            # Spark alone on the same rows (no broker, no ingest, no log): what the source
+            # cannot beat; with the raw run's CPU it bounds the best ratio this machine allows
+            with ProcessCpu() as ceil_cpu:
+                got_ceil, ceil_s = ceiling.run(spark, fmt, n, size)
+            if got_raw != n or got_src != n or got_ceil != n:
+                raise RuntimeError(f"{fmt} {label}: raw client got {got_raw}, source {got_src}, Spark alone "
+                                   f"{got_ceil} of {n}: the rates would not compare the same work")
+            best_s = max(ceil_s, (sum(ceil_cpu.seconds.values()) + sum(raw_cpu.seconds.values())) / cores)
+            raw_rate, src_rate = got_raw / raw_s, got_src / src_s
+            batch_rate = got_src / batch_s if batch_s else 0.0
+            row = {"n": n, "raw_received": got_raw, "source_rows": got_src, "round": rnd + 1,
+                   "raw_msgs_per_s": raw_rate, "source_msgs_per_s": src_rate,
+                   "source_in_batches_msgs_per_s": batch_rate,
+                   "ratio": src_rate / raw_rate, "ratio_in_batches": batch_rate / raw_rate,
+                   "raw_seconds": raw_s, "source_seconds": src_s, "first_data_seconds": first_s,
+                   # CPU seconds by process during each run ("driver" is this process: the raw
+                   # client itself in the raw run; py4j and the CPU sampler in the source run)
+                   "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds,
+                   "ceiling_seconds": ceil_s, "ceiling_msgs_per_s": got_ceil / ceil_s,
+                   "ceiling_ratio": (got_ceil / ceil_s) / raw_rate, "ceiling_cpu": ceil_cpu.seconds,
+                   "best_possible_ratio": raw_s / best_s}
+            measured.setdefault((fmt, label), []).append(row)
+            print(f"round {rnd + 1}: {fmt} {label} raw {raw_rate:.0f} msg/s, source {src_rate:.0f} msg/s, "
+                  f"ratio {src_rate / raw_rate:.2f}, first message in the log after "
+                  f"{first_s if first_s is not None else float('nan'):.2f}s; Spark alone x{(got_ceil / ceil_s) / raw_rate:.2f}, "
+                  f"best possible x{raw_s / best_s:.2f}; CPU s raw {raw_cpu.seconds}, source {src_cpu.seconds}, "
+                  f"Spark alone {ceil_cpu.seconds}",
+                  flush=True)
         for (fmt, label), runs in measured.items():
             median = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
             figures[f"{fmt}_{label}"] = {**median, "rounds": len(runs),
