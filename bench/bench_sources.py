@@ -340,7 +340,8 @@ def main(argv: list[str]) -> dict:
     try:
         amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")
         protocols_all = protocol_table(amqp_url, stomp_url, mlm.endpoint)
-        protocols = only_formats(protocols_all, _arg(argv, "only", None, str))
+        only = _arg(argv, "only", None, str)
+        protocols = only_formats(protocols_all, only)
         measured: dict = {}
         for fmt, (preload, raw, options) in protocols.items():
             warm = f"bench-{fmt}-warmup-{uuid.uuid4().hex[:6]}"
