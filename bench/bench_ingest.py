@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections import Counter
 
-from bench.bench_sources import SIZES, only_formats, pairs, protocol_table
+from bench.bench_sources import SIZES, _arg, only_formats, pairs, protocol_table
 from bench.common import ProcessCpu, harness, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
@@ -46,13 +46,6 @@ COUNTS = {
 VARIANTS = ("", "fsync=false")  # the source's defaults, then without the log's fsyncs
 ROUNDS = 3
 DRAIN_TIMEOUT = 300.0
-
-
-def _arg(argv, name, default, kind=int):
-    for a in argv:
-        if a.startswith(f"--{name}="):
-            return kind(a.split("=", 1)[1])
-    return default
 
 
 def _variant(text: str) -> dict:
