@@ -51,6 +51,27 @@ _DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, 
 _pipe_ids = itertools.count()
 
 
+def _checked(reply: Reply, what: str) -> Reply:
+    """``reply`` if it is an OK; else the error it stands for (code 0: failed on our side)."""
+    if not reply.ok:
+        if reply.code == 0:
+            raise ConnectionClosedError(f"{what} failed: {reply.reason}")
+        raise MalamuteBrokerError(what, reply.code, reply.reason)
+    return reply
+
+
+def _notify(endpoint: str, event, on_event: Optional[Callable[[object], None]]) -> None:
+    """A connection event (server lost or back, recovering, recovered, broker notice): log it and
+    hand it to the application's callback."""
+    if isinstance(event, (ServerLost, Recovering, ServerBack, Recovered)):
+        log.info("malamute %s: %s", endpoint, event)
+    if on_event is not None:
+        try:
+            on_event(event)
+        except Exception:
+            log.exception("on_event callback failed")
+
+
 def _frames(content) -> list:
     """Content as frames: one bytes/str body, or a sequence of them."""
     if content is None:
@@ -305,11 +326,7 @@ class MalamuteClient:
             reply = future.result(timeout)
         except FutureTimeout:
             raise TimeoutError(f"no answer to {what} within {timeout} s") from None
-        if not reply.ok:
-            if reply.code == 0:
-                raise ConnectionClosedError(f"{what} failed: {reply.reason}")
-            raise MalamuteBrokerError(what, reply.code, reply.reason)
-        return reply
+        return _checked(reply, what)
 
     # ------------------------------------------------------------ IO thread
 
@@ -424,15 +441,7 @@ class MalamuteClient:
                 else:
                     deliveries.append(event)
             else:
-                if isinstance(event, (ServerLost, Recovering)):
-                    log.info("malamute %s: %s", self.endpoint, event)
-                elif isinstance(event, (ServerBack, Recovered)):
-                    log.info("malamute %s: %s", self.endpoint, event)
-                if self.on_event is not None:
-                    try:
-                        self.on_event(event)
-                    except Exception:
-                        log.exception("on_event callback failed")
+                _notify(self.endpoint, event, self.on_event)
 
     # ------------------------------------------------------------ teardown
 
@@ -450,3 +459,234 @@ class MalamuteClient:
     def _close_sockets(self) -> None:
         for sock in (self._dealer, self._pull, self._push):
             sock.close(0)
+
+
+class MalamuteReceiver:
+    """A Malamute client for one consuming thread, driven by that thread: no IO thread of its own.
+
+    ``MalamuteClient`` hands every delivery from its IO thread to the application's thread; in a
+    process whose other threads share the interpreter lock (the source's reader: the ingest builds
+    Arrow batches and writes the log), that hand-off and the two threads' turns at the lock cost
+    more than receiving. Here the caller's ``poll`` reads the DEALER socket itself, feeds the same
+    sans-IO ``ClientConnection`` (heartbeats, server-lost detection, recovery after a broker
+    restart) and returns the deliveries; between calls ZeroMQ's own IO thread keeps receiving, up
+    to ``hwm`` messages, and TCP and the broker hold the rest.
+
+    The price: the clock runs only inside calls. Call ``poll`` or ``keepalive`` at least every
+    ``heartbeat`` seconds (the broker drops a client silent for its ``server/timeout``, 5-60 s in
+    the reference configurations; a dropped client is re-opened, and a stream's messages sent
+    meanwhile are missed). Not thread-safe beyond that: one thread polls; ``close`` may come from
+    another (it waits for a running ``poll``).
+
+    >>> with MalamuteReceiver("tcp://127.0.0.1:9999", "jobs") as r:   # doctest: +SKIP
+    ...     batch = r.poll(1000, timeout=1.0)      # mailbox "jobs": up to 1000 deliveries
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        address: str = "",
+        timeout: float = 5.0,
+        *,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        server_timeout: float = DEFAULT_SERVER_TIMEOUT,
+        request_timeout: float = 10.0,
+        hwm: int = 1000,
+        context: Optional[zmq.Context] = None,
+        on_event: Optional[Callable[[object], None]] = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.request_timeout = request_timeout
+        self.on_event = on_event
+        self._proto = ClientConnection(heartbeat=heartbeat, server_timeout=server_timeout)
+        self._held: deque = deque()       # deliveries read while waiting for a reply
+        self._backlog: deque = deque()    # frames ZeroMQ did not take yet (HWM: broker away)
+        self._replies: dict[int, Reply] = {}
+        self._awaited: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._dealer = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        self._dealer.setsockopt(zmq.SNDHWM, hwm)
+        self._dealer.setsockopt(zmq.RCVHWM, hwm)
+        try:
+            self._dealer.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._dealer.close(0)
+            raise ConnectionClosedError(f"bad Malamute endpoint {endpoint!r}: {exc}") from exc
+        try:
+            self._request(self._proto.open(address, time.monotonic(), timeout), "CONNECTION-OPEN", timeout + 1.0)
+        except BaseException:
+            self._closed = True
+            self._dealer.close(0)
+            raise
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def address(self) -> str:
+        return self._proto.address
+
+    @property
+    def connected(self) -> bool:
+        return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
+
+    @property
+    def recoveries(self) -> int:
+        return self._proto.recoveries
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries read while waiting for a reply and not yet returned by ``poll`` (what ZeroMQ
+        holds is not counted: it cannot be seen without reading it)."""
+        return len(self._held)
+
+    def set_consumer(self, stream: str, pattern: str = "") -> None:
+        """Receive ``stream`` messages whose subject matches the zrex ``pattern`` ("" = all)."""
+        self._request(self._proto.set_consumer(stream, pattern), "STREAM-READ")
+
+    def set_worker(self, service: str, pattern: str = "") -> None:
+        """Offer ``service`` for requests whose subject matches ``pattern``."""
+        self._request(self._proto.set_worker(service, pattern), "SERVICE-OFFER")
+
+    def ping(self, timeout: Optional[float] = None) -> None:
+        """Round trip to the broker (deliveries read meanwhile are kept for ``poll``)."""
+        self._request(self._proto.ping(), "CONNECTION-PING", timeout)
+
+    def poll(self, max_count: int, timeout: float, gap: float = 0.001) -> list:
+        """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
+        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionClosedError("client is closed")
+            out: list = []
+            held = self._held
+            while held and len(out) < max_count:
+                out.append(held.popleft())
+            clock = time.monotonic
+            deadline = clock() + timeout
+            waited = False
+            while True:
+                got = self._read(out, max_count)
+                if len(out) >= max_count:
+                    return out
+                now = clock()
+                if now >= deadline or (out and waited and not got):
+                    return out
+                self._wait(min(deadline - now, gap) if out else deadline - now)
+                waited = True
+
+    def keepalive(self) -> None:
+        """Run the clock without taking deliveries (the caller holds back): PINGs go out, and
+        deliveries waiting unread count as hearing from the server."""
+        with self._lock:
+            if self._closed:
+                return
+            now = time.monotonic()
+            if self._dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._proto.heard(now)
+            self._tick(now)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Polite CONNECTION-CLOSE (bounded wait; deliveries that arrive meanwhile are dropped: the
+        broker has forgotten them already), then close the socket. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if self._proto.state in (State.CONNECTED, State.RECOVERING, State.LOST):
+                    token = self._proto.close()
+                    if token is not None:
+                        self._await(token, "CONNECTION-CLOSE", timeout, keep=False)
+            except (MalamuteBrokerError, ConnectionClosedError, TimeoutError):
+                pass  # closing is polite, not mandatory: the broker expires us anyway
+            finally:
+                self._closed = True
+                self._held.clear()
+                self._dealer.close(0)
+
+    def __enter__(self) -> "MalamuteReceiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ driving the socket
+
+    def _request(self, token: int, what: str, timeout: Optional[float] = None) -> Reply:
+        with self._lock:
+            if self._closed:
+                raise ConnectionClosedError("client is closed")
+            return self._await(token, what, self.request_timeout if timeout is None else timeout)
+
+    def _await(self, token: int, what: str, timeout: float, keep: bool = True) -> Reply:
+        """Read until ``token``'s reply (it may come behind deliveries: kept for ``poll``, or dropped)."""
+        self._awaited.add(token)
+        try:
+            deadline = time.monotonic() + timeout
+            while token not in self._replies:
+                sink: list = []
+                self._read(sink, 1 << 30)
+                if keep:
+                    self._held.extend(sink)
+                if token in self._replies:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer to {what} within {timeout} s")
+                self._wait(left)
+            return _checked(self._replies.pop(token), what)
+        finally:
+            self._awaited.discard(token)
+
+    def _read(self, out: list, max_count: int) -> int:
+        """Take the messages waiting in ZeroMQ, up to ``max_count`` deliveries in ``out``; act on the
+        rest; run the clock. Returns how many deliveries it added."""
+        dealer, proto = self._dealer, self._proto
+        receive = proto.receive
+        now = time.monotonic()
+        before = len(out)
+        while len(out) < max_count:
+            try:
+                frames = recv_frames(dealer, NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                events = receive(frames, now)
+            except RemoteProtocolError as exc:
+                log.warning("dropping malformed message from the broker: %s", exc)
+                continue
+            for event in events:
+                if isinstance(event, _DELIVERIES):
+                    out.append(event)
+                else:
+                    self._event(event)
+        self._tick(now)
+        return len(out) - before
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (cut short at the clock's next deadline) for something to read."""
+        until_tick = self._proto.next_deadline() - time.monotonic()
+        ms = int(max(0.0, min(seconds, until_tick, _MAX_POLL_MS / 1000)) * 1000) + 1
+        return bool(self._dealer.poll(ms, zmq.POLLIN))
+
+    def _tick(self, now: float) -> None:
+        proto = self._proto
+        if now >= proto.next_deadline():
+            for event in proto.tick(now):
+                self._event(event)
+        backlog = self._backlog
+        backlog.extend(proto.data_to_send())
+        while backlog:
+            try:
+                self._dealer.send_multipart(backlog[0], NOBLOCK)
+            except zmq.Again:
+                return  # HWM reached (broker away): sent by a later call
+            backlog.popleft()
+
+    def _event(self, event) -> None:
+        if isinstance(event, Reply):
+            if event.token in self._awaited:
+                self._replies[event.token] = event
+        else:
+            _notify(self.endpoint, event, self.on_event)

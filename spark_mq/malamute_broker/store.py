@@ -1,28 +1,37 @@
 """Optional on-disk mailbox store: messages for offline clients survive a broker restart.
 
-An append-only journal (``mailboxes.journal`` in the configured directory) of two record kinds,
-each framed as ``length u32 | crc32 u32 | body``:
+An append-only journal in the configured directory, in segment files ``mailboxes.<n>.journal``
+(n rising), of two record kinds, each framed as ``length u32 | crc32 u32 | body``:
 
 - ``S`` seq u64, address (1-byte length string), header (u32 length + bytes), frame count u32,
   then each frame (u32 length + bytes): a message was stored;
 - ``D`` seq u64: that message was delivered (or expired).
 
-At start-up the journal is read up to the first torn or corrupt record, the still-undelivered
-messages are returned in order, and the journal is rewritten with only those (compaction). While
-the broker runs, ``flush()`` compacts the same way once the journal holds at least
-``compact_bytes`` (64 MiB) and at most a quarter of it is still undelivered: emptied when nothing
-is, else rewritten from the undelivered records (read back from the journal itself), written to a
-temporary file, fsynced and renamed over the journal, so a crash leaves the old journal or the new
-one. Without it the journal of a long-running broker grew by every message ever stored. (Seen
-before it: ``bench ingest`` with a journaling broker failed twice after a few GB of preloaded
-mailbox mail, a preload's PING unanswered for 60 s; without the journal it ran through. That the
-journal's growth was the cause is likely, not proven.) Records are buffered and written out by
-``flush()``, which the broker calls before it answers any command and at the end of each turn
-of its loop: a killed broker process loses at most the records of the turn it was in, which
-are messages it had taken from ZeroMQ's queue but not acknowledged in any way, as it would
-lose those still in the queue (one write per turn instead of one per record was 35% of the
-broker's time delivering a stored mailbox). ``fsync=True`` also syncs on each flush (slow,
-survives power loss).
+At start-up every segment is read in order, each up to its first torn or corrupt record; the
+still-undelivered messages are returned in order and written to one new segment (through a
+temporary file, fsynced and renamed), and the old segments are deleted. While the broker runs,
+``flush()`` starts a new segment once the active one holds ``segment_bytes`` (16 MiB), and
+deletes the oldest closed segments once nothing in them is undelivered; the undelivered records
+of an oldest segment that is at most a quarter undelivered (or of any oldest segment while the
+whole journal is) are first copied to the active segment, at most one segment per flush. A flush
+never rereads more than one segment, so the broker never stalls for long on its journal: the
+journal stays bounded by what is undelivered, not by what was ever stored, and a drained mailbox
+costs deletions, not rewrites.
+
+Before the segments (one file, compacted by rewriting it from its undelivered records once 64 MiB
+and mostly delivered): draining 2,000,000 stored 100 B mails, that rewrite reread a few hundred MB
+in Python and held the broker silent for longer than the source's 0.5 s quiet period in
+``bench sources``, which ended the availableNow drain at 1,499,990 of 2,000,000 (and the close lost
+what was in flight; see docs/malamute.md). A journal from that version (``mailboxes.journal``)
+is read at start-up like the oldest segment.
+
+Records are buffered and written out by ``flush()``, which the broker calls before it answers any
+command and at the end of each turn of its loop: a killed broker process loses at most the
+records of the turn it was in, which are messages it had taken from ZeroMQ's queue but not
+acknowledged in any way, as it would lose those still in the queue (one write per turn instead
+of one per record was 35% of the broker's time delivering a stored mailbox). ``fsync=True``
+also syncs on each flush (slow, survives power loss). A crash between a copy and the deletion of
+the segment it came from leaves two copies of a record: a restart keeps one.
 This module does file IO only; it knows nothing of sockets or routing.
 """
 
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -42,80 +52,118 @@ _SEQ = struct.Struct(">BQ")  # kind, seq
 _U32 = struct.Struct(">I")
 _STORED = ord("S")
 _DELIVERED = ord("D")
-JOURNAL = "mailboxes.journal"
+LEGACY_JOURNAL = "mailboxes.journal"  # the single-file journal of earlier versions, read as the oldest segment
+_SEGMENT = re.compile(r"^mailboxes\.(\d{12})\.journal$")
 _BUFFER = 1 << 20
-COMPACT_BYTES = 64 << 20  # a running journal is compacted once at least this large ...
-_GARBAGE = 4  # ... and at most 1/_GARBAGE of it is undelivered records
+SEGMENT_BYTES = 16 << 20  # a new segment once the active one holds this much
+_GARBAGE = 4  # an oldest segment at most 1/_GARBAGE undelivered has its undelivered records moved on
+
+
+class _Segment:
+    __slots__ = ("number", "path", "size", "live", "live_bytes", "stuck")
+
+    def __init__(self, number: int, path: Path, size: int = 0) -> None:
+        self.number = number
+        self.path = path
+        self.size = size                      # bytes, records still buffered included
+        self.live: dict[int, tuple[int, int]] = {}  # seq -> (position, size) of undelivered records
+        self.live_bytes = 0
+        self.stuck = False                    # an undelivered record could not be read back: kept
 
 
 class MailboxStore:
-    def __init__(self, directory: str | os.PathLike, *, fsync: bool = False, compact_bytes: int = COMPACT_BYTES) -> None:
+    def __init__(self, directory: str | os.PathLike, *, fsync: bool = False,
+                 segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.path = self.directory / JOURNAL
         self.fsync = fsync
-        self.compact_bytes = compact_bytes
+        self.segment_bytes = segment_bytes
         self._next_seq = 1
         self._file = None
         self._unflushed = False
-        self._live: dict[int, int] = {}  # seq -> record size, of stored and undelivered messages
-        self._live_bytes = 0
-        self._journal_bytes = 0  # the journal's size, records still buffered included
-        self.compactions = 0
+        self._segments: list[_Segment] = []  # oldest first; the last one is written to
+        self._where: dict[int, _Segment] = {}  # seq of an undelivered message -> its segment
+        self.relocations = 0  # segments whose undelivered records were moved on
+        self.deleted = 0      # segments deleted while running
+
+    # ------------------------------------------------------------ files
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"mailboxes.{number:012d}.journal"
+
+    def _files(self) -> list[tuple[int, Path]]:
+        """Journal files, oldest first (the legacy single file before every segment)."""
+        out = []
+        for entry in self.directory.iterdir():
+            m = _SEGMENT.match(entry.name)
+            if m:
+                out.append((int(m.group(1)), entry))
+            elif entry.name == LEGACY_JOURNAL:
+                out.append((-1, entry))
+        return sorted(out)
+
+    @property
+    def paths(self) -> list[Path]:
+        """The segment files, oldest first."""
+        return [seg.path for seg in self._segments]
+
+    @property
+    def journal_bytes(self) -> int:
+        return sum(seg.size for seg in self._segments)
 
     # ------------------------------------------------------------ loading
 
     def load(self) -> list[tuple[int, str, bytes, list[bytes]]]:
-        """Undelivered messages as (seq, address, header, content), oldest first; compacts the journal."""
+        """Undelivered messages as (seq, address, header, content), oldest first; the journal is
+        rewritten as one segment holding only those."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._where = {}
+        for leftover in self.directory.glob("mailboxes.*.tmp"):
+            leftover.unlink()
+        files = self._files()
         live: dict[int, tuple[str, bytes, list[bytes]]] = {}
-        if self.path.exists():
-            data = self.path.read_bytes()
-            offset = 0
-            while offset + _RECORD.size <= len(data):
-                length, crc = _RECORD.unpack_from(data, offset)
-                start = offset + _RECORD.size
-                body = data[start:start + length]
-                if len(body) != length or zlib.crc32(body) != crc or length < _SEQ.size:
-                    break  # torn write at the tail: everything before it is good
-                kind, seq = _SEQ.unpack_from(body, 0)
-                if kind == _STORED:
-                    live[seq] = self._parse_stored(body)
-                elif kind == _DELIVERED:
-                    live.pop(seq, None)
-                self._next_seq = max(self._next_seq, seq + 1)
-                offset = start + length
+        for _, path in files:
+            self._read(path.read_bytes(), live)
         messages = [(seq, *live[seq]) for seq in sorted(live)]
-        self._replace((seq, self._record(self._stored_body(seq, address, header, content)))
-                      for seq, address, header, content in messages)
-        return messages
-
-    def _replace(self, records, complete=lambda: True) -> bool:
-        """Make the journal ``records`` ((seq, record) pairs, in order): written to a temporary file,
-        fsynced and renamed over the journal, unless ``complete()`` then says otherwise (the
-        journal is kept); then append to the journal."""
-        tmp = self.path.with_suffix(".tmp")
-        live: dict[int, int] = {}
-        size = 0
+        number = max([n for n, _ in files] + [0]) + 1
+        seg = _Segment(number, self._path(number))
+        tmp = seg.path.with_suffix(".tmp")
         with open(tmp, "wb") as out:
-            for seq, record in records:
+            for seq, address, header, content in messages:
+                record = self._record(self._stored_body(seq, address, header, content))
                 out.write(record)
-                live[seq] = len(record)
-                size += len(record)
+                self._keep(seg, seq, seg.size, len(record))
+                seg.size += len(record)
             out.flush()
             os.fsync(out.fileno())
-        if not complete():
-            os.unlink(tmp)
-            self._file = open(self.path, "ab", buffering=_BUFFER)
-            return False
-        os.replace(tmp, self.path)
+        os.replace(tmp, seg.path)
         self._fsync_dir()
-        self._file = open(self.path, "ab", buffering=_BUFFER)
-        self._live, self._live_bytes, self._journal_bytes = live, size, size
-        return True
+        for _, path in files:  # all older than the new segment: a crash before this reads them first
+            path.unlink()
+        self._segments = [seg]
+        self._file = open(seg.path, "ab", buffering=_BUFFER)
+        return messages
+
+    def _read(self, data: bytes, live: dict) -> None:
+        offset = 0
+        while offset + _RECORD.size <= len(data):
+            length, crc = _RECORD.unpack_from(data, offset)
+            start = offset + _RECORD.size
+            body = data[start:start + length]
+            if len(body) != length or zlib.crc32(body) != crc or length < _SEQ.size:
+                return  # torn write at the tail: everything before it is good
+            kind, seq = _SEQ.unpack_from(body, 0)
+            if kind == _STORED:
+                live[seq] = self._parse_stored(body)
+            elif kind == _DELIVERED:
+                live.pop(seq, None)
+            self._next_seq = max(self._next_seq, seq + 1)
+            offset = start + length
 
     def _fsync_dir(self) -> None:
-        """The rename is durable only once the directory is (a crash may otherwise bring the old
-        journal back, which is still right, only larger)."""
+        """A new or renamed segment is durable only once the directory is."""
         if not self.fsync:
             return
         fd = os.open(self.directory, os.O_RDONLY)
@@ -123,35 +171,6 @@ class MailboxStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-    def _compact(self) -> None:
-        """Rewrite the (flushed) journal with the undelivered records only, read back from it."""
-        self._file.close()
-        self._file = None
-        live = dict(self._live)
-
-        def records():
-            with open(self.path, "rb") as f:
-                while live:
-                    head = f.read(_RECORD.size)
-                    if len(head) < _RECORD.size:
-                        return
-                    length, _crc = _RECORD.unpack(head)
-                    body = f.read(length)
-                    if len(body) < length:
-                        return
-                    if body[0] == _STORED:
-                        _kind, seq = _SEQ.unpack_from(body, 0)
-                        if live.pop(seq, None) is not None:
-                            yield seq, head + body
-
-        # every undelivered record is in the journal, unless it was damaged: then keep it all
-        if self._replace(records(), complete=lambda: not live):
-            self.compactions += 1
-            return
-        self.compact_bytes = max(self.compact_bytes, self._journal_bytes * 2)  # not again at every flush
-        log.warning("mailbox journal %s: %d undelivered record(s) not found in it; not compacted",
-                    self.path, len(live))
 
     @staticmethod
     def _parse_stored(body: bytes) -> tuple[str, bytes, list[bytes]]:
@@ -190,41 +209,120 @@ class MailboxStore:
             parts.append(frame)
         return b"".join(parts)
 
-    def _write(self, body: bytes) -> int:
+    def _keep(self, seg: _Segment, seq: int, pos: int, size: int) -> None:
+        seg.live[seq] = (pos, size)
+        seg.live_bytes += size
+        self._where[seq] = seg
+
+    def _write(self, record: bytes) -> int:
+        """Append ``record`` to the active segment (buffered); returns its position there."""
         if self._file is None:
             self.load()
-        record = self._record(body)
+        seg = self._segments[-1]
+        pos = seg.size
         self._file.write(record)
+        seg.size += len(record)
         self._unflushed = True
-        self._journal_bytes += len(record)
-        return len(record)
-
-    def flush(self) -> None:
-        """Write the buffered records out to the OS (and sync them with ``fsync=True``); compact the
-        journal when it is large and mostly delivered."""
-        if self._unflushed:
-            self._unflushed = False
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
-            if self._journal_bytes >= self.compact_bytes and self._live_bytes * _GARBAGE <= self._journal_bytes:
-                self._compact()
+        return pos
 
     def append(self, address: str, header: bytes, content: Sequence[bytes]) -> int:
         seq = self._next_seq
         self._next_seq += 1
-        size = self._write(self._stored_body(seq, address, header, content))
-        self._live[seq] = size
-        self._live_bytes += size
+        record = self._record(self._stored_body(seq, address, header, content))
+        pos = self._write(record)
+        self._keep(self._segments[-1], seq, pos, len(record))
         return seq
 
     def delivered(self, seq: int) -> None:
-        self._write(_SEQ.pack(_DELIVERED, seq))
-        self._live_bytes -= self._live.pop(seq, 0)
+        self._write(self._record(_SEQ.pack(_DELIVERED, seq)))
+        seg = self._where.pop(seq, None)
+        if seg is not None:
+            _, size = seg.live.pop(seq)
+            seg.live_bytes -= size
 
-    @property
-    def journal_bytes(self) -> int:
-        return self._journal_bytes
+    def flush(self) -> None:
+        """Write the buffered records out to the OS (and sync them with ``fsync=True``); start a new
+        segment when the active one is full; delete what is all delivered (see the module)."""
+        if not self._unflushed:
+            return
+        self._sync()
+        if self._segments[-1].size >= self.segment_bytes:
+            self._roll()
+        self._collect()
+
+    def _sync(self) -> None:
+        self._unflushed = False
+        self._file.flush()
+        if self.fsync:
+            os.fsync(self._file.fileno())
+
+    def _roll(self) -> None:
+        self._file.close()
+        number = self._segments[-1].number + 1
+        seg = _Segment(number, self._path(number))
+        self._file = open(seg.path, "ab", buffering=_BUFFER)
+        self._fsync_dir()
+        self._segments.append(seg)
+
+    def _collect(self) -> None:
+        """Delete the oldest closed segments while nothing in them is undelivered, in order (a
+        segment's ``D`` records may name messages of older ones, never of newer ones). An oldest
+        segment still holding undelivered records has them copied to the active segment first
+        when it is mostly delivered, or the journal as a whole is: once per flush."""
+        segs = self._segments
+        moved = False
+        while len(segs) > 1:
+            oldest = segs[0]
+            if oldest.live:
+                if moved or oldest.stuck:
+                    return
+                total = self.journal_bytes
+                live = sum(seg.live_bytes for seg in segs)
+                if oldest.live_bytes * _GARBAGE > oldest.size and live * _GARBAGE > total:
+                    return
+                if not self._relocate(oldest):
+                    return
+                moved = True
+            try:
+                oldest.path.unlink()
+            except FileNotFoundError:
+                pass
+            segs.pop(0)
+            self.deleted += 1
+
+    def _relocate(self, seg: _Segment) -> bool:
+        """Copy ``seg``'s undelivered records, read back by position and checked, to the active
+        segment, and make the copies durable as the journal is. False (and ``seg`` kept as it is
+        from now on, with a warning) if one cannot be read back."""
+        records: list[tuple[int, bytes]] = []
+        try:
+            with open(seg.path, "rb") as f:
+                for seq, (pos, size) in sorted(seg.live.items()):
+                    f.seek(pos)
+                    record = f.read(size)
+                    if not self._is_stored(record, seq):
+                        raise ValueError(f"the record of message {seq} at byte {pos} is damaged")
+                    records.append((seq, record))
+        except (OSError, ValueError) as exc:
+            seg.stuck = True
+            log.warning("mailbox journal %s: %s; the segment is kept as it is", seg.path, exc)
+            return False
+        active = self._segments[-1]
+        for seq, record in records:
+            self._keep(active, seq, self._write(record), len(record))
+        seg.live.clear()
+        seg.live_bytes = 0
+        self._sync()  # the copies are in the journal before the segment they come from goes
+        self.relocations += 1
+        return True
+
+    @staticmethod
+    def _is_stored(record: bytes, seq: int) -> bool:
+        if len(record) < _RECORD.size + _SEQ.size:
+            return False
+        length, crc = _RECORD.unpack_from(record, 0)
+        body = record[_RECORD.size:]
+        return length == len(body) and zlib.crc32(body) == crc and _SEQ.unpack_from(body, 0) == (_STORED, seq)
 
     def close(self) -> None:
         if self._file is not None:

@@ -134,6 +134,9 @@ class Amqp08Consumer:
             self.tag = self.ch.basic_consume(self.queue, no_ack=True)
             self._paused = False
 
+    def keepalive(self) -> None:
+        return None  # the client's reader thread keeps the heartbeat
+
     def depth(self):
         ok = self.control.queue_declare(self.queue, passive=True)
         return ok.message_count if ok is not None else None

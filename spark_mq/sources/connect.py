@@ -202,16 +202,18 @@ def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
     raise _fail(STOMP, tried, errors, refused)
 
 
-def connect_malamute(opts: Options, address: str = "", *, start: int = 0, **kwargs):
-    """A connected ``spark_mq.clients.malamute.MalamuteClient`` (``address`` names the client)."""
+def connect_malamute(opts: Options, address: str = "", *, start: int = 0, client_class=None, **kwargs):
+    """A connected ``spark_mq.clients.malamute.MalamuteClient`` (``address`` names the client), or
+    an instance of ``client_class`` (``MalamuteReceiver``) that takes the same arguments."""
     from spark_mq.clients.malamute import MalamuteClient
 
     if "heartbeat" in opts.provided and opts.heartbeat > 0:
         kwargs.setdefault("heartbeat", opts.heartbeat)
+    cls = client_class or MalamuteClient
     tried, errors = [], []
     for ep in _rotate(endpoints(opts), start):
         try:
-            return MalamuteClient(ep.zmq_endpoint, address, timeout=opts.get("connectTimeout") or 10.0, **kwargs)
+            return cls(ep.zmq_endpoint, address, timeout=opts.get("connectTimeout") or 10.0, **kwargs)
         except (SparkMqError, OSError, TimeoutError) as exc:
             tried.append(ep)
             errors.append(_clean(exc, ep))

@@ -11,15 +11,14 @@ Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STR
 Malamute has no acknowledgements: once the client holds a message the broker forgets it, so only
 the source log protects it (appended and fsynced in groups, as in every mode). There is no queue
 depth either: availableNow ends after ``quietPeriod`` without messages. There is no pause message
-either: while the log is over its bound the ingest stops taking deliveries, the client stops
-reading once it holds ``prefetch`` of them (and as many in ZeroMQ), and the rest waits in TCP and
-the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
+either: while the log is over its bound the ingest stops reading deliveries (it keeps the
+connection's heartbeat going), ZeroMQ holds up to ``prefetch`` of them, and the rest waits in TCP
+and the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
 take, as Malamute streams do).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from spark_mq import schema as S
@@ -30,7 +29,7 @@ from spark_mq.sources.connect import connect_malamute
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
 
-_DRAIN_WAIT = 0.001  # seconds: how long an empty inbox is asked again while a group is gathered
+_DRAIN_WAIT = 0.001  # seconds without a delivery that end the gathering of a group
 
 
 def validate(opts: Options) -> None:
@@ -53,12 +52,15 @@ class MalamuteConsumer:
         else:
             address = opts.get("address") or f"spark-mq-{uuid.uuid4().hex[:12]}"
             self.destination = opts.get("stream") or opts.get("service")
-        # ``prefetch`` bounds what the client holds ahead of the ingest, as it bounds unacked
-        # deliveries in AMQP and STOMP: at most that many handed over and as many again in ZeroMQ;
-        # the rest waits in TCP and the broker. A short hand-off keeps bodies in the CPU caches
-        # from socket to log, and the reader's memory independent of the broker's backlog.
-        prefetch = prefetch_of(opts)
-        self.client = connect_malamute(opts, address, start=attempt, hwm=prefetch, max_buffered=prefetch)
+        # The ingest thread drives the client itself (``MalamuteReceiver``: no IO thread whose
+        # hand-offs and turns at the interpreter lock cost more than receiving; see ``poll``).
+        # ``prefetch`` bounds what ZeroMQ holds ahead of the ingest, as it bounds unacked
+        # deliveries in AMQP and STOMP; the rest waits in TCP and the broker. A short queue keeps
+        # bodies in the CPU caches from socket to log, and the reader's memory independent of the
+        # broker's backlog.
+        from spark_mq.clients.malamute import MalamuteReceiver
+        self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver,
+                                       hwm=prefetch_of(opts))
         try:
             if opts.get("stream"):
                 self.client.set_consumer(opts.stream, opts.pattern)
@@ -69,17 +71,7 @@ class MalamuteConsumer:
             raise
 
     def poll(self, max_count: int, timeout: float) -> list:
-        recv_many = self.client.recv_many
-        out = recv_many(max_count, timeout)
-        if not out:
-            return out
-        deadline = time.monotonic() + timeout
-        while len(out) < max_count and time.monotonic() < deadline:
-            more = recv_many(max_count - len(out), _DRAIN_WAIT)
-            if not more:
-                break
-            out += more
-        return out
+        return self.client.poll(max_count, timeout, _DRAIN_WAIT)
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         frames = msg.content  # a list of bytes (the client receives every frame as bytes)
@@ -101,6 +93,9 @@ class MalamuteConsumer:
 
     def resume(self) -> None:
         return None
+
+    def keepalive(self) -> None:
+        self.client.keepalive()
 
     def depth(self):
         return None

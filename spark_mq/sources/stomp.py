@@ -110,6 +110,9 @@ class StompConsumer:
             self._subscribe()
             self._paused = False
 
+    def keepalive(self) -> None:
+        return None  # the client's reader thread keeps the heartbeat
+
     def depth(self):
         return None
 

@@ -15,7 +15,7 @@ import brokers
 import pytest
 import zmq
 
-from spark_mq.clients.malamute import MalamuteClient
+from spark_mq.clients.malamute import MalamuteClient, MalamuteReceiver
 from spark_mq.errors import LocalProtocolError
 from spark_mq.malamute_broker.testing import BrokerProcess, free_tcp_port
 from spark_mq.protocol.malamute import codec
@@ -476,3 +476,133 @@ def test_held_back_reader_keeps_request_answers_in_step():
             reader.set_consumer("yet-another")
     finally:
         broker.stop()
+
+
+# -- MalamuteReceiver: the same protocol driven by the caller's thread (no IO thread) ------------
+
+def _mail(endpoint: str, address: str, n: int, prefix: str = "m") -> None:
+    with MalamuteClient(endpoint, f"mailer-{prefix}", timeout=5) as sender:
+        for i in range(n):
+            sender.sendto(address, "s", f"{prefix}{i}".encode())
+        sender.ping()
+
+
+def _poll_all(receiver: MalamuteReceiver, count: int, timeout: float = 30.0, max_count: int = 1000) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out.extend(receiver.poll(max_count, 0.5))
+    return out
+
+
+def test_receiver_takes_every_delivery_once_in_order_within_its_count_and_timeout(malamute_broker):
+    """20,000 stored mails polled with counts from 1 to 700: each once, in order, never more than
+    asked; an empty poll returns [] after its timeout, not before and not much later."""
+    n = 20_000
+    _mail(malamute_broker.endpoint, "rx", n)
+    got: list = []
+    with MalamuteReceiver(malamute_broker.endpoint, "rx", timeout=5, hwm=100) as rx:
+        deadline = time.monotonic() + 60
+        turn = 0
+        while len(got) < n and time.monotonic() < deadline:
+            turn += 1
+            batch = rx.poll(turn % 700 + 1, 1.0)
+            assert len(batch) <= turn % 700 + 1
+            got.extend(batch)
+        assert [m.content[0] for m in got] == [f"m{i}".encode() for i in range(n)]
+        assert {(m.sender, m.address, m.subject) for m in got} == {("mailer-m", "rx", "s")}
+        t0 = time.monotonic()
+        assert rx.poll(10, 0.3) == []
+        assert 0.25 <= time.monotonic() - t0 < 2.0
+
+
+def test_receiver_stream_reply_behind_mail_keeps_the_mail_for_poll(malamute_broker):
+    """A request's answer can queue behind deliveries (stored mail arrives right after the OPEN):
+    ``set_consumer`` reads through to its answer and keeps the mail for ``poll``, in order, before
+    the stream's own messages."""
+    _mail(malamute_broker.endpoint, "both", 3000)
+    with MalamuteReceiver(malamute_broker.endpoint, "both", timeout=5, hwm=50) as rx, \
+            MalamuteClient(malamute_broker.endpoint, "pub", timeout=5) as pub:
+        time.sleep(0.3)  # the mail is on its way before the request
+        rx.set_consumer("weather", "^temp")
+        assert rx.buffered > 0
+        pub.set_producer("weather")
+        for i in range(10):
+            pub.send("temp.x" if i % 2 == 0 else "wind.x", f"w{i}")
+        got = _poll_all(rx, 3005)
+        assert [m.content[0] for m in got] == [f"m{i}".encode() for i in range(3000)] + \
+            [f"w{i}".encode() for i in range(0, 10, 2)]
+        assert type(got[-1]).__name__ == "StreamDeliver" and got[-1].address == "weather"
+        assert rx.buffered == 0
+
+
+def test_receiver_keepalive_holds_the_connection_while_nothing_is_taken():
+    """The caller holds back (the source's ingest at its log bound) for three of the broker's
+    client timeouts, calling only ``keepalive``: PINGs keep the broker from expiring it, unread
+    deliveries count as hearing from the server, and nothing is lost. Without keepalive the broker
+    forgets the client: the next poll finds out and re-opens (a recovery)."""
+    events: list = []
+    with brokers.malamute_running(client_timeout=1.0) as broker:
+        _mail(broker.endpoint, "held", 500)
+        with MalamuteReceiver(broker.endpoint, "held", timeout=5, heartbeat=0.2, server_timeout=0.8,
+                              hwm=10, on_event=events.append) as rx:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                rx.keepalive()
+                time.sleep(0.05)
+            assert rx.connected and rx.recoveries == 0
+            got = _poll_all(rx, 500)
+            assert [m.content[0] for m in got] == [f"m{i}".encode() for i in range(500)]
+            rx.ping(timeout=5)
+            assert rx.recoveries == 0
+            assert not any(type(e).__name__ in ("ServerLost", "Recovering") for e in events), events
+            time.sleep(2.5)  # neither poll nor keepalive: silent past the broker's client timeout
+            _mail(broker.endpoint, "held", 3, prefix="late")
+            got = _poll_all(rx, 3, timeout=10)
+            assert rx.recoveries >= 1  # the broker answered our next PING with ERROR: re-opened
+            assert [m.content[0] for m in got] == [b"late0", b"late1", b"late2"]
+
+
+def test_receiver_recovers_after_a_broker_restart(malamute_broker):
+    """Broker killed and restarted (it forgets everyone): the receiver's polls run the clock, re-OPEN
+    and replay STREAM-READ, and the stream's messages flow again."""
+    with MalamuteReceiver(malamute_broker.endpoint, "", timeout=5, heartbeat=0.2) as rx:
+        rx.set_consumer("ticks")
+        with MalamuteClient(malamute_broker.endpoint, "p1", timeout=5) as pub:
+            pub.set_producer("ticks")
+            for i in range(20):
+                pub.send("t", str(i))
+            assert len(_poll_all(rx, 20)) == 20
+        malamute_broker.kill()
+        time.sleep(0.3)
+        malamute_broker.start()
+        deadline = time.monotonic() + 15
+        while rx.recoveries == 0 and time.monotonic() < deadline:
+            rx.poll(100, 0.1)
+        assert rx.recoveries >= 1
+        rx.ping(timeout=5)  # answered after the replay: registered again
+        with MalamuteClient(malamute_broker.endpoint, "p2", timeout=5) as pub:
+            pub.set_producer("ticks")
+            for i in range(20, 40):
+                pub.send("t", str(i))
+            got = _poll_all(rx, 20)
+        assert [m.content[0] for m in got] == [str(i).encode() for i in range(20, 40)]
+
+
+def test_receiver_close_from_another_thread_waits_for_a_running_poll(malamute_broker):
+    """``close`` while another thread is inside ``poll``: the socket is closed only once that poll
+    returns (ZeroMQ sockets are not thread-safe); a later poll says the client is closed."""
+    from spark_mq.errors import ConnectionClosedError
+
+    rx = MalamuteReceiver(malamute_broker.endpoint, "idle", timeout=5)
+    result: list = []
+    poller = threading.Thread(target=lambda: result.append(rx.poll(10, 1.0)))
+    poller.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    rx.close(timeout=0.5)
+    waited = time.monotonic() - t0
+    poller.join(5)
+    assert result == [[]] and 0.5 <= waited < 3.0  # the poll had ~0.8 s to go
+    with pytest.raises(ConnectionClosedError):
+        rx.poll(1, 0.1)

@@ -188,3 +188,52 @@ def test_an_fsync_failure_fails_the_ingest_and_acks_nothing(tmp_path, monkeypatc
     assert acked == [] and ing.log.durable_head == 0
     monkeypatch.undo()  # the disk is back: closing the log fsyncs it
     ing.stop()
+
+
+def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monkeypatch):
+    """With the fsync in its own thread (a started ingest on a local, fsynced log): a step returns
+    while its group's fsync still waits on the disk, and the next group is polled and appended
+    meanwhile; neither is acknowledged nor offered to Spark until that fsync returns, and no more
+    than one group waits for it while another is gathered."""
+    import threading
+
+    from spark_mq.sources.ingest import _Flusher
+
+    acked = []
+
+    class Consumer(_FakeConsumer):
+        def ack(self, msgs):
+            acked.append([body for _, body in msgs])
+
+    ing = _ingest(tmp_path)
+    ing.ack_mode = "durable"
+    ing._consumer = Consumer([b"a", b"b"])
+    ing._step()                                     # inline fsync (no flusher yet): the log's first segment
+    assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
+    real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
+
+    def slow_sync():
+        entered.set()
+        assert release.wait(10)
+        real_sync()
+
+    monkeypatch.setattr(ing.log, "sync", slow_sync)
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._consumer = Consumer([b"c", b"d", b"e"])
+    ing._step()                                     # appended; its fsync is requested, not awaited
+    assert entered.wait(10)
+    assert ing.log.head == 5 and ing.log.durable_head == 2 and acked == [[b"a", b"b"]]
+    ing._consumer.bodies = [b"f"]
+    ing._step()                                     # one group in flight: the next one is gathered
+    assert ing.log.head == 6 and ing.log.durable_head == 2 and acked == [[b"a", b"b"]]
+    step = threading.Thread(target=ing._step)       # two in flight: this step waits for the first
+    step.start()
+    step.join(0.3)
+    assert step.is_alive() and acked == [[b"a", b"b"]]
+    release.set()
+    step.join(10)
+    assert not step.is_alive()
+    assert acked == [[b"a", b"b"], [b"c", b"d", b"e"], [b"f"]] and ing.log.durable_head == 6
+    assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    ing._flusher.close()
+    ing.stop()

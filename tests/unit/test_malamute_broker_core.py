@@ -281,7 +281,7 @@ def test_persistent_store_round_trip(tmp_path):
     out = net.do(b"E", codec.ConnectionOpen("eve"))  # eve's message delivered: marked in the journal
     assert out[1][1].subject == "three"
     store.close()
-    with open(store.path, "ab") as f:
+    with open(store.paths[-1], "ab") as f:
         f.write(b"\x00\x00\x00\x30torn")  # a torn record at the tail is ignored
     store2 = MailboxStore(tmp_path)
     net2 = Net(store=store2)
@@ -299,88 +299,131 @@ def test_store_writes_its_records_before_any_reply_and_at_each_flush(tmp_path):
     store.load()
     net = Net(store=store)
     net.open(b"S", "s")
-    size = store.path.stat().st_size
+    size = store.paths[-1].stat().st_size
     net.do(b"S", codec.MailboxSend("bob", "one", "", 0, [b"a" * 100]))
     net.do(b"S", codec.MailboxSend("bob", "two", "", 0, [b"b"]))
-    assert store.path.stat().st_size == size  # buffered: no write per record
+    assert store.paths[-1].stat().st_size == size  # buffered: no write per record
     assert net.do(b"S", codec.ConnectionPing()) == [(b"S", codec.ConnectionPong())]
-    stored = store.path.stat().st_size
+    stored = store.paths[-1].stat().st_size
     assert stored > size + 100  # the sender heard back: both records are in the file
     net.do(b"B", codec.ConnectionOpen("bob"))  # both delivered; the OK went out before the deliveries
-    assert store.path.stat().st_size == stored
+    assert store.paths[-1].stat().st_size == stored
     store.flush()  # what the loop does at the end of its turn
-    assert store.path.stat().st_size > stored
+    assert store.paths[-1].stat().st_size > stored
     reread = MailboxStore(tmp_path)
     assert reread.load() == []  # read from the file alone: stored, then delivered
     reread.close()
     store.close()
 
 
-def test_a_running_journal_is_compacted_once_mostly_delivered(tmp_path):
+def _restored(tmp_path) -> list:
+    reread = MailboxStore(tmp_path)
+    try:
+        return [(seq, address, content) for seq, address, _, content in reread.load()]
+    finally:
+        reread.close()
+
+
+def test_a_drained_journal_is_deleted_segment_by_segment_without_rewrites(tmp_path):
     """The journal of a running broker stays bounded by what is undelivered, not by what was ever
-    stored: once at least ``compact_bytes`` and at most a quarter undelivered, a flush rewrites it
-    with the undelivered records only (emptied when there are none), which a restart reads back in
-    order with their content; sequence numbers go on rising."""
-    store = MailboxStore(tmp_path, compact_bytes=50_000)
+    stored: segments roll at ``segment_bytes``, and the oldest ones go once all they stored is
+    delivered (nothing is copied when delivery follows storage); sequence numbers go on rising and
+    a restart reads back what is left, in order, with its content."""
+    store = MailboxStore(tmp_path, segment_bytes=20_000)
     store.load()
     net = Net(store=store)
     net.open(b"S", "s")
     for i in range(200):                                   # ~200 KB for bob, none delivered: kept whole
         net.do(b"S", codec.MailboxSend("bob", f"m{i}", "", 0, [bytes([i]) * 1000]))
-    store.flush()
-    assert store.compactions == 0 and store.path.stat().st_size > 200_000
+        store.flush()                                      # what the loop does at the end of its turn
+    assert len(store.paths) >= 10 and store.deleted == 0 and store.journal_bytes > 200_000
     net.do(b"S", codec.MailboxSend("carol", "keep-1", "t", 0, [b"c1", b"second frame"]))
     net.do(b"S", codec.MailboxSend("carol", "keep-2", "", 0, [b"c2"]))
     out = net.do(b"B", codec.ConnectionOpen("bob"))         # all 200 delivered: carol's 2 are what is left
     assert len(out) == 201
     store.flush()
-    assert store.compactions == 1
-    assert store.path.stat().st_size == store.journal_bytes < 200  # two small records
-    seq = store.append("dave", b"h", [b"d"])                 # appends go on, to the new journal
+    assert store.relocations == 0 and len(store.paths) == 1 and store.deleted >= 10
+    assert sorted(tmp_path.iterdir()) == store.paths       # the deleted segments are gone from the disk
+    seq = store.append("dave", b"h", [b"d"])
     assert seq == 203
-    store.flush()
     store.close()
-    assert not (tmp_path / "mailboxes.tmp").exists()
-    reread = MailboxStore(tmp_path)
-    restored = reread.load()
-    assert [(address, content) for _, address, _, content in restored] == [
-        ("carol", [b"c1", b"second frame"]), ("carol", [b"c2"]), ("dave", [b"d"])]
-    assert [s for s, *_ in restored] == [201, 202, 203]
-    reread.close()
+    assert _restored(tmp_path) == [(201, "carol", [b"c1", b"second frame"]), (202, "carol", [b"c2"]),
+                                   (203, "dave", [b"d"])]
 
 
-def test_a_journal_with_nothing_undelivered_is_emptied(tmp_path):
-    store = MailboxStore(tmp_path, compact_bytes=10_000)
+def test_a_few_undelivered_records_are_moved_on_so_old_segments_can_go(tmp_path):
+    """An oldest segment pinned by a few undelivered records (mail for a client that stays away)
+    has them copied to the active segment once it is mostly delivered, then goes; a flush moves at
+    most one segment's worth. A restart reads each of them back once, in order."""
+    store = MailboxStore(tmp_path, segment_bytes=20_000)
     store.load()
-    for round_ in range(5):
-        seqs = [store.append("bob", b"", [b"x" * 1000]) for _ in range(30)]
+    kept = []
+    for round_ in range(20):
+        seqs = [store.append("bob", b"", [bytes([round_]) * 1000]) for _ in range(25)]
+        kept.append(store.append("away", b"h", [f"keep-{round_}".encode()]))
         for seq in seqs:
             store.delivered(seq)
         store.flush()
-        assert store.path.stat().st_size < 10_000 + 31 * 1100  # never more than a threshold's worth and a round
-    assert store.compactions >= 4 and store.path.stat().st_size == 0
+    assert store.relocations >= 10
+    assert len(store.paths) <= 3 and store.journal_bytes < 3 * 20_000 + 30 * 1100
     store.close()
-    assert MailboxStore(tmp_path).load() == []
+    restored = _restored(tmp_path)
+    assert [seq for seq, *_ in restored] == kept
+    assert [content for *_, content in restored] == [[f"keep-{r}".encode()] for r in range(20)]
 
 
-def test_a_journal_missing_an_undelivered_record_is_kept_whole(tmp_path, caplog):
-    """Compaction never drops what it cannot find: if an undelivered record is not in the journal
-    (damaged), the journal is kept as it is, with a warning naming it."""
-    store = MailboxStore(tmp_path, compact_bytes=10_000)
+def test_a_backlog_is_not_copied_while_it_is_mostly_undelivered(tmp_path):
+    """Segments full of undelivered mail stay where they are (a backlog costs its bytes once, no
+    copies); the journal's size follows the backlog."""
+    store = MailboxStore(tmp_path, segment_bytes=20_000)
+    store.load()
+    seqs = [store.append("bob", b"", [b"x" * 1000]) for _ in range(100)]
+    store.flush()
+    for seq in seqs[:10]:
+        store.delivered(seq)
+    store.flush()
+    assert store.relocations == 0 and store.deleted == 0 and store.journal_bytes > 100_000
+    store.close()
+    assert [seq for seq, *_ in _restored(tmp_path)] == seqs[10:]
+
+
+def test_a_damaged_segment_is_kept_whole_not_dropped(tmp_path, caplog):
+    """Moving records on never drops what it cannot read back: an undelivered record damaged on
+    disk leaves its segment in place (with a warning naming it), and later ones pile up behind it
+    rather than going; the journal still takes appends."""
+    store = MailboxStore(tmp_path, segment_bytes=10_000)
     store.load()
     seqs = [store.append("bob", b"", [b"x" * 1000]) for _ in range(30)]
-    for seq in seqs[1:]:
+    store.flush()                                           # a full segment, all undelivered: stays
+    first = store.paths[0]
+    assert len(store.paths) == 2 and store.relocations == 0
+    with open(first, "r+b") as f:                           # flip a byte in the first record
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for seq in seqs[1:]:                                    # all but that one delivered: to be moved on
         store.delivered(seq)
-    store._live[10_000] = 1  # an undelivered message the journal does not hold
+    store.append("bob", b"", [b"y" * 1000])
     with caplog.at_level("WARNING", logger="spark_mq.malamute_broker.store"):
         store.flush()
-        before = store.path.stat().st_size
-    assert store.compactions == 0 and before > 30_000
-    assert "not compacted" in caplog.text and str(store.path) in caplog.text
-    assert not (tmp_path / "mailboxes.tmp").exists()
-    store.append("bob", b"", [b"after"])                     # the journal still takes appends
+    assert store.relocations == 0 and first.exists() and store.paths[0] == first
+    assert "damaged" in caplog.text and str(first) in caplog.text
+    store.append("bob", b"", [b"after"])
     store.close()
-    assert [c for *_, c in MailboxStore(tmp_path).load()] == [[b"x" * 1000], [b"after"]]
+    assert [c for *_, c in _restored(tmp_path)][-2:] == [[b"y" * 1000], [b"after"]]
+
+
+def test_a_journal_of_the_single_file_version_is_read_at_start_up(tmp_path):
+    """``mailboxes.journal`` (one file, before segments) is read as the oldest segment and replaced."""
+    old = MailboxStore(tmp_path / "scratch")
+    old.load()
+    seqs = [old.append("bob", b"h", [f"m{i}".encode()]) for i in range(3)]
+    old.delivered(seqs[0])
+    old.close()
+    (old.paths[0]).rename(tmp_path / "mailboxes.journal")
+    assert [(seq, content) for seq, _, content in _restored(tmp_path)] == [(2, [b"m1"]), (3, [b"m2"])]
+    assert not (tmp_path / "mailboxes.journal").exists()
 
 
 @settings(max_examples=1500, deadline=None)
