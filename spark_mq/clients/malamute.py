@@ -81,7 +81,26 @@ def _frames(content) -> list:
     return [c.encode("utf-8") if isinstance(c, str) else c for c in content]
 
 
-class MalamuteClient:
+class _Status:
+    """What both drivers tell of their ``ClientConnection`` (``_proto``) and ``_closed``."""
+
+    _proto: ClientConnection
+    _closed: bool
+
+    @property
+    def address(self) -> str:
+        return self._proto.address
+
+    @property
+    def connected(self) -> bool:
+        return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
+
+    @property
+    def recoveries(self) -> int:
+        return self._proto.recoveries
+
+
+class MalamuteClient(_Status):
     """A connected Malamute client.
 
     >>> with MalamuteClient("tcp://127.0.0.1:9999", "reader") as c:   # doctest: +SKIP
@@ -154,18 +173,6 @@ class MalamuteClient:
             raise
 
     # ------------------------------------------------------------ public API
-
-    @property
-    def address(self) -> str:
-        return self._proto.address
-
-    @property
-    def connected(self) -> bool:
-        return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
-
-    @property
-    def recoveries(self) -> int:
-        return self._proto.recoveries
 
     def set_producer(self, stream: str) -> None:
         """Publish to ``stream`` from now on (one stream at a time)."""
@@ -461,7 +468,7 @@ class MalamuteClient:
             sock.close(0)
 
 
-class MalamuteReceiver:
+class MalamuteReceiver(_Status):
     """A Malamute client for one consuming thread, driven by that thread: no IO thread of its own.
 
     ``MalamuteClient`` hands every delivery from its IO thread to the application's thread; in a
@@ -522,18 +529,6 @@ class MalamuteReceiver:
             raise
 
     # ------------------------------------------------------------ public API
-
-    @property
-    def address(self) -> str:
-        return self._proto.address
-
-    @property
-    def connected(self) -> bool:
-        return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
-
-    @property
-    def recoveries(self) -> int:
-        return self._proto.recoveries
 
     @property
     def buffered(self) -> int:

@@ -124,6 +124,34 @@ def test_a_log_write_failure_stops_the_ingest_before_any_ack(tmp_path, monkeypat
     ing.log.close()
 
 
+def _slow_sync(ing, monkeypatch):
+    """The log's fsync waits until released: (entered, release) events."""
+    import threading
+
+    real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
+
+    def slow_sync():
+        entered.set()
+        assert release.wait(10)
+        real_sync()
+
+    monkeypatch.setattr(ing.log, "sync", slow_sync)
+    return entered, release
+
+
+@pytest.mark.parametrize("fmt, extra, overlap", [
+    ("malamute", {}, True),                          # no acks at all
+    ("amqp08", {}, False),                           # ackMode=durable: the acks wait for the fsync
+    ("amqp08", {"ackMode": "commit"}, True),         # acks wait for Spark's commit, not the fsync
+    ("amqp08", {"ackMode": "auto"}, True),
+    ("malamute", {"fsync": "false"}, False),         # nothing to overlap
+])
+def test_the_fsync_overlaps_the_next_group_only_where_no_ack_waits_for_it(tmp_path, fmt, extra, overlap):
+    ing = _ingest(tmp_path, fmt=fmt, **extra)
+    assert ing._overlap_fsync() is overlap
+    ing.log.close()
+
+
 def test_a_group_is_acked_and_offered_to_spark_only_once_fsynced(tmp_path, monkeypatch):
     """A group is appended, then fsynced: until that fsync returns, the group is not acked (durable
     mode) and Spark's view of the log (``durable_head``) stays before it, though it is appended."""
@@ -140,14 +168,7 @@ def test_a_group_is_acked_and_offered_to_spark_only_once_fsynced(tmp_path, monke
     ing._consumer = Consumer([b"a", b"b"])
     ing._step()
     assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
-    real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
-
-    def slow_sync():
-        entered.set()
-        assert release.wait(10)
-        real_sync()
-
-    monkeypatch.setattr(ing.log, "sync", slow_sync)
+    entered, release = _slow_sync(ing, monkeypatch)
     ing._consumer = Consumer([b"c", b"d", b"e"])
     step = threading.Thread(target=ing._step)
     step.start()
@@ -210,14 +231,7 @@ def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monk
     ing._consumer = Consumer([b"a", b"b"])
     ing._step()                                     # inline fsync (no flusher yet): the log's first segment
     assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
-    real_sync, entered, release = ing.log.sync, threading.Event(), threading.Event()
-
-    def slow_sync():
-        entered.set()
-        assert release.wait(10)
-        real_sync()
-
-    monkeypatch.setattr(ing.log, "sync", slow_sync)
+    entered, release = _slow_sync(ing, monkeypatch)
     ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     ing._consumer = Consumer([b"c", b"d", b"e"])
     ing._step()                                     # appended; its fsync is requested, not awaited
