@@ -4,8 +4,9 @@ Responsible for: (re)connecting with exponential backoff and full jitter across 
 list (a first connection the broker keeps refusing, for credentials or a missing queue, fails
 after ``_REFUSAL_GRACE`` instead), consuming in groups (one Arrow batch, one append, one fsync
 per group; where no acknowledgement waits for it, the fsync runs in a thread of its own while
-the next group is gathered, see ``_Flusher``), acknowledging per ``ackMode`` (durable: after the fsync; commit: when Spark commits,
-as one cumulative ack in a transaction; auto: never, the broker did), dropping redeliveries
+the next group is gathered, see ``_Flusher``), acknowledging per ``ackMode`` (durable: after the
+fsync; commit: when Spark commits, as one cumulative ack in a transaction; auto: never, the
+broker did), dropping redeliveries
 already in the log, pausing while the unprocessed log is over its bounds, the availableNow target,
 and the backlog figures. Runs in the driver-side reader process only, started lazily by the stream
 reader.
