@@ -458,7 +458,10 @@ class SourceLog:
         """Local: close the active segment (fsynced), create and fsync a new one. Under ``_lock``:
         the active segment is fsynced here, not through ``sync()`` (which takes ``_sync_lock`` first)."""
         if self._fd is not None:
-            if self._dirty and self.fsync:
+            if self.fsync:
+                # always, not only when ``_dirty``: a ``sync()`` on another thread clears ``_dirty``
+                # before its fsync returns, and ``_durable`` moves past this segment below; an fsync
+                # of a clean file returns at once, one waits for the other's writeback
                 os.fsync(self._fd)
             self._dirty = False
             os.close(self._fd)
@@ -498,6 +501,10 @@ class SourceLog:
             if fd is not None:
                 try:
                     os.fsync(fd)  # a duplicate: a rotation may close the active segment's descriptor meanwhile
+                except OSError:
+                    with self._lock:
+                        self._dirty = True  # nothing became durable: the next sync() (close() too) tries again
+                    raise
                 finally:
                     os.close(fd)
             with self._lock:

@@ -52,6 +52,7 @@ _SEQ = struct.Struct(">BQ")  # kind, seq
 _U32 = struct.Struct(">I")
 _STORED = ord("S")
 _DELIVERED = ord("D")
+_DAMAGED = ".damaged"  # a segment found damaged at start-up is kept under its name plus this
 LEGACY_JOURNAL = "mailboxes.journal"  # the single-file journal of earlier versions, read as the oldest segment
 _SEGMENT = re.compile(r"^mailboxes\.(\d{12})\.journal$")
 _BUFFER = 1 << 20
@@ -124,8 +125,16 @@ class MailboxStore:
             leftover.unlink()
         files = self._files()
         live: dict[int, tuple[str, bytes, list[bytes]]] = {}
-        for _, path in files:
-            self._read(path.read_bytes(), live)
+        damaged = []
+        for i, (_, path) in enumerate(files):
+            data = path.read_bytes()
+            good = self._read(data, live)
+            if good < len(data) and i < len(files) - 1:
+                # only the newest segment can end in a torn write: an older one was whole (flushed,
+                # fsynced) before the next began, so this is damage, and what follows it is unread
+                log.warning("mailbox journal %s is damaged at byte %d of %d: its records after that are "
+                            "lost; the file is kept as %s", path, good, len(data), path.name + _DAMAGED)
+                damaged.append(path)
         messages = [(seq, *live[seq]) for seq in sorted(live)]
         number = max([n for n, _ in files] + [0]) + 1
         seg = _Segment(number, self._path(number))
@@ -141,19 +150,24 @@ class MailboxStore:
         os.replace(tmp, seg.path)
         self._fsync_dir()
         for _, path in files:  # all older than the new segment: a crash before this reads them first
-            path.unlink()
+            if path in damaged:
+                path.rename(path.with_name(path.name + _DAMAGED))  # for whoever can mend it; never read again
+            else:
+                path.unlink()
         self._segments = [seg]
         self._file = open(seg.path, "ab", buffering=_BUFFER)
         return messages
 
-    def _read(self, data: bytes, live: dict) -> None:
+    def _read(self, data: bytes, live: dict) -> int:
+        """Apply the records of ``data`` to ``live``; returns the byte offset where reading stopped
+        (``len(data)`` when every record was whole)."""
         offset = 0
         while offset + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, offset)
             start = offset + _RECORD.size
             body = data[start:start + length]
             if len(body) != length or zlib.crc32(body) != crc or length < _SEQ.size:
-                return  # torn write at the tail: everything before it is good
+                return offset  # torn write at the tail (or damage): everything before it is good
             kind, seq = _SEQ.unpack_from(body, 0)
             if kind == _STORED:
                 live[seq] = self._parse_stored(body)
@@ -161,6 +175,7 @@ class MailboxStore:
                 live.pop(seq, None)
             self._next_seq = max(self._next_seq, seq + 1)
             offset = start + length
+        return offset
 
     def _fsync_dir(self) -> None:
         """A new or renamed segment is durable only once the directory is."""

@@ -149,14 +149,19 @@ class _Flusher:
                 self._wanted = head
                 self._cond.notify_all()
 
-    def wait(self, head: int, stop: threading.Event) -> bool:
-        """Block until ``head`` is durable (True), the flusher failed or ``stop`` is set (False)."""
-        with self._cond:
-            while self.log.durable_head < head:
+    def wait(self, head: int, stop: threading.Event, tick: Optional[Callable[[], None]] = None) -> bool:
+        """Block until ``head`` is durable (True), the flusher failed or ended, or ``stop`` is set
+        (False). ``tick`` runs about every 0.1 s meanwhile (the consumer's keepalive: a slow disk
+        must not cost a client driven by this thread its heartbeat)."""
+        while True:
+            with self._cond:
+                if self.log.durable_head >= head:
+                    return True
                 if self.error is not None or stop.is_set() or not self._thread.is_alive():
                     return False
                 self._cond.wait(0.1)
-        return True
+            if tick is not None and self.log.durable_head < head:
+                tick()
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -174,7 +179,7 @@ class _Flusher:
                     return
             try:
                 log_.sync()
-            except OSError as exc:
+            except BaseException as exc:  # noqa: BLE001 - any failure ends durability: kept, never lost
                 with self._cond:
                     self.error = exc
                     self._cond.notify_all()
@@ -383,7 +388,15 @@ class Ingest:
         try:
             self._settle(keep=len(self._unsynced))
         except (SparkMqError, OSError) as exc:
-            log.info("%s source: acknowledgements at stop failed (%s); the broker redelivers them", self.fmt, exc)
+            if self._flusher is not None and self._flusher.error is not None:
+                # the log's last groups may not be durable: not a matter of acks (Malamute has none
+                # to redeliver them), so not quiet; close() fsyncs once more
+                log.error("%s source: the source log's fsync failed at stop: %s", self.fmt, exc)
+                if self.error is None:
+                    self.error = exc
+            else:
+                log.info("%s source: acknowledgements at stop failed (%s); the broker redelivers them",
+                         self.fmt, exc)
 
     def _close_consumer(self) -> None:
         with self._consumer_lock:
@@ -499,8 +512,9 @@ class Ingest:
             return
         flusher = self._flusher
         if flusher is not None and len(unsynced) > keep:
-            if not flusher.wait(unsynced[-1 - keep][0], self._stop) and flusher.error is not None:
-                raise self._write_error(flusher.error) from flusher.error
+            if not flusher.wait(unsynced[-1 - keep][0], self._stop, self._keepalive) and not self._stop.is_set():
+                error = flusher.error or OSError("the log's fsync thread ended")
+                raise self._write_error(error) from flusher.error
         durable = self.log.durable_head
         consumer, gen = self._consumer, self._generation
         while unsynced and unsynced[0][0] <= durable:
@@ -514,6 +528,15 @@ class Ingest:
         if not unsynced:
             self.first_poll_done = True  # what the first poll took is durable in the log: a ``once`` batch sees it
         self._notify()
+
+    def _keepalive(self) -> None:
+        """While the ingest thread waits for the disk: a client it drives keeps its heartbeat."""
+        consumer = self._consumer
+        if consumer is not None:
+            try:
+                consumer.keepalive()
+            except (SparkMqError, OSError) as exc:
+                log.debug("%s source: keepalive while waiting for an fsync failed: %s", self.fmt, exc)
 
     def _notify(self) -> None:
         with self._cond:

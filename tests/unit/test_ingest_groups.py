@@ -63,6 +63,9 @@ class _FakeConsumer:
     def ack(self, msgs):
         pass
 
+    def keepalive(self):
+        pass
+
 
 def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monkeypatch):
     """A group whose bodies (and extra frames) pass ``_MAX_APPEND_BYTES`` goes to the log as several
@@ -249,5 +252,93 @@ def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monk
     assert not step.is_alive()
     assert acked == [[b"a", b"b"], [b"c", b"d", b"e"], [b"f"]] and ing.log.durable_head == 6
     assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    ing._flusher.close()
+    ing.stop()
+
+
+def test_a_slow_fsync_keeps_the_consumers_heartbeat(tmp_path, monkeypatch):
+    """While the ingest thread waits for the fsync thread (a slow disk), it calls the consumer's
+    ``keepalive`` (a Malamute client driven by this thread has no other thread to ping the broker)."""
+    import threading
+
+    from spark_mq.sources.ingest import _Flusher
+
+    beats = []
+
+    class Consumer(_FakeConsumer):
+        def keepalive(self):
+            beats.append(1)
+
+    ing = _ingest(tmp_path)
+    ing._consumer = Consumer([b"a"])
+    ing._step()                                     # the log's first segment, fsynced in line
+    entered, release = _slow_sync(ing, monkeypatch)
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._consumer = Consumer([b"b", b"c"])
+    ing._step()                                     # its fsync is held on the "disk"
+    assert entered.wait(10)
+    waiting = threading.Thread(target=ing._settle, args=(0,))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and len(beats) >= 2, beats  # about every 0.1 s while it waits
+    release.set()
+    waiting.join(10)
+    assert not waiting.is_alive() and ing.log.durable_head == 3
+    ing._flusher.close()
+    ing.stop()
+
+
+def test_a_fsync_thread_that_dies_fails_the_ingest(tmp_path, monkeypatch):
+    """Any failure of the fsync thread, not only an OSError, ends durability: the next wait for it
+    fails the ingest (naming the log) instead of waiting forever with nothing becoming durable."""
+    from spark_mq.sources.ingest import LogWriteError, _Flusher
+
+    ing = _ingest(tmp_path)
+    ing._consumer = _FakeConsumer([b"a"])
+    ing._step()
+
+    def broken():
+        raise RuntimeError("not an OSError")
+
+    monkeypatch.setattr(ing.log, "sync", broken)
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._consumer = _FakeConsumer([b"b"])
+    ing._step()
+    with pytest.raises(LogWriteError, match="not an OSError") as info:
+        ing._settle(keep=0)
+    assert str(tmp_path / "log") in str(info.value) and ing.log.durable_head == 1
+    monkeypatch.undo()
+    ing._flusher.close()
+    ing.stop()
+
+
+def test_an_fsync_failure_at_stop_is_an_error_not_a_redelivery(tmp_path, monkeypatch, caplog):
+    """Stopping with a group whose fsync failed: Malamute has no redelivery, so it is logged as an
+    error and kept as the ingest's error (not the "the broker redelivers them" note of a failed ack)."""
+    import errno
+    import logging
+
+    from spark_mq.sources.ingest import _Flusher
+
+    ing = _ingest(tmp_path)
+    ing._consumer = _FakeConsumer([b"a"])
+    ing._step()
+
+    def broken():
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ing.log, "sync", broken)
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._consumer = _FakeConsumer([b"b"])
+    ing._step()
+    ing._flusher._thread.join(10)                   # the fsync failed
+    ing._stop.set()
+    with caplog.at_level(logging.INFO, logger="spark_mq.sources.ingest"):
+        ing._settle_on_stop()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors and "fsync failed" in errors[0].getMessage() and "Input/output error" in errors[0].getMessage()
+    assert not any("redelivers" in r.getMessage() for r in caplog.records)
+    assert ing.error is not None
+    monkeypatch.undo()
     ing._flusher.close()
     ing.stop()

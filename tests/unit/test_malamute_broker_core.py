@@ -440,3 +440,35 @@ def test_fuzz_core_never_raises(script):
                         net.now)
     net.out.clear()
     assert net.do(b"B", codec.ConnectionPing())[0][0] == b"B"
+
+
+def test_a_damaged_older_segment_at_start_up_is_kept_and_named(tmp_path, caplog):
+    """Restarting on a journal whose older segment is damaged (not a torn tail: that segment was
+    whole before the next began): the records before the damage and every later segment's are
+    restored, the loss is logged naming the file, and the file is kept as ``*.damaged``, not deleted."""
+    store = MailboxStore(tmp_path, segment_bytes=10_000)
+    store.load()
+    seqs = []
+    for i in range(30):
+        seqs.append(store.append("bob", b"", [bytes([i]) * 1000]))
+        if i % 10 == 9:
+            store.flush()                                    # a segment rolls at a flush past 10,000 bytes
+    store.close()
+    paths = MailboxStore(tmp_path, segment_bytes=10_000)._files()
+    assert len(paths) >= 3
+    first = paths[0][1]
+    size = first.stat().st_size
+    with open(first, "r+b") as f:                            # damage the middle of the oldest segment
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with caplog.at_level("WARNING", logger="spark_mq.malamute_broker.store"):
+        restored = _restored(tmp_path)
+    got = [seq for seq, *_ in restored]
+    assert "damaged" in caplog.text and str(first) in caplog.text
+    assert first.with_name(first.name + ".damaged").exists() and not first.exists()
+    lost = [seq for seq in seqs if seq not in got]
+    assert lost and got == [seq for seq in seqs if seq not in lost]    # order kept, nothing invented
+    assert all(seqs.index(seq) < 10 for seq in lost)                   # only the damaged segment's tail
+    assert got[-1] == seqs[-1]

@@ -153,6 +153,69 @@ def test_durable_head_follows_the_fsyncs(tmp_path, monkeypatch):
     again.close()
 
 
+def test_a_rotation_during_an_fsync_does_not_count_its_data_durable_early(tmp_path, monkeypatch):
+    """The fsync thread's ``sync()`` is still on the disk when the ingest's next append rotates the
+    segment: the closed segment counts as durable only once an fsync of it has returned, so
+    ``durable_head`` must not pass it before (Spark plans up to it; a power loss would leave Spark's
+    checkpoint ahead of the log). The rotation fsyncs the closed segment itself."""
+    import threading
+
+    log = SourceLog(str(tmp_path / "log"), SCHEMA, segment_bytes=1 << 20)
+    log.append(rows(0, 1, size=2 << 20))  # the segment is full: the next append rotates
+    (first_segment,) = log.segment_paths()
+    real, entered, release = os.fsync, threading.Event(), threading.Event()
+    synced = []  # the file each fsync was for, in call order
+
+    def slow_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        if len(synced) == 1:  # the sync() below: held on the disk
+            entered.set()
+            assert release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    syncing = threading.Thread(target=log.sync)
+    syncing.start()
+    assert entered.wait(10)
+    log.append(rows(1, 1))  # rotates while that fsync is held
+    assert log.head == 2
+    if log.durable_head >= 1:
+        assert synced[1:].count(first_segment) >= 1, \
+            "durable_head passed the closed segment before any fsync of it returned"
+    release.set()
+    syncing.join(10)
+    assert log.durable_head == 1
+    monkeypatch.setattr(os, "fsync", real)
+    log.close()
+
+
+def test_a_failed_fsync_leaves_the_appends_to_the_next_sync(tmp_path, monkeypatch):
+    """An fsync that fails (EIO) makes nothing durable, and the next ``sync()`` (``close()`` included)
+    tries again instead of finding the log clean."""
+    import errno
+
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.sync()
+    log.append(rows(0, 3))
+    real = os.fsync
+
+    def failing(fd):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError):
+        log.sync()
+    assert log.durable_head == 0
+    with pytest.raises(OSError):
+        log.sync()  # tried again: the data is still not known durable
+    calls = []
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
+    log.sync()
+    assert calls and log.durable_head == 3
+    monkeypatch.setattr(os, "fsync", real)
+    log.close()
+
+
 def test_durable_head_is_the_head_where_appends_are_durable_when_written(tmp_path):
     for log in (SourceLog(str(tmp_path / "generic"), SCHEMA, local=False),
                 SourceLog(str(tmp_path / "nofsync"), SCHEMA, fsync=False)):
