@@ -96,6 +96,11 @@ class _Status:
         return self._proto.state in (State.CONNECTED, State.RECOVERING) and not self._closed
 
     @property
+    def lost_for(self) -> float:
+        """Seconds the server has been silent, once declared lost (after ``server_timeout``); else 0."""
+        return self._proto.silent_for(time.monotonic())
+
+    @property
     def recoveries(self) -> int:
         return self._proto.recoveries
 

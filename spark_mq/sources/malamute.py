@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 
 from spark_mq import schema as S
-from spark_mq.errors import OptionError
+from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, prefetch_of
 from spark_mq.sources.connect import connect_malamute
@@ -59,6 +59,10 @@ class MalamuteConsumer:
         # bodies in the CPU caches from socket to log, and the reader's memory independent of the
         # broker's backlog.
         from spark_mq.clients.malamute import MalamuteReceiver
+        # A broker declared lost (silent for the client's server timeout) gets ``connectTimeout``
+        # more to answer on this connection (the client re-opens by itself when it does: a broker
+        # restart costs nothing) before the connection is given up and the next endpoint tried.
+        self._give_up = opts.get("connectTimeout") or 10.0
         self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver,
                                        hwm=prefetch_of(opts))
         try:
@@ -71,7 +75,16 @@ class MalamuteConsumer:
             raise
 
     def poll(self, max_count: int, timeout: float) -> list:
-        return self.client.poll(max_count, timeout, _DRAIN_WAIT)
+        msgs = self.client.poll(max_count, timeout, _DRAIN_WAIT)
+        if not msgs:
+            silent = self.client.lost_for
+            if silent > self._give_up:
+                # the client would wait for this broker forever (ZeroMQ reconnects by itself); the
+                # ingest's reconnect loop tries the other endpoints and fails the query after
+                # ``brokerTimeout``. Nothing is unread: this poll found the socket empty.
+                raise ConnectionClosedError(
+                    f"malamute broker at {self.client.endpoint} silent for {silent:.0f}s (server lost)")
+        return msgs
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         frames = msg.content  # a list of bytes (the client receives every frame as bytes)

@@ -122,3 +122,57 @@ def test_undecodable_subject_bytes_arrive_as_replacement_characters(spark, malam
     assert q.exception() is None, q.exception()
     rows = spark.sql("select subject, body from mlm_odd order by offset").collect()
     assert [(r.subject, bytes(r.body)) for r in rows] == [("temp\ufffd\ufffd", b"\x00\xff body"), ("fine", b"next")]
+
+
+def test_a_lost_broker_fails_over_to_the_next_endpoint_then_times_out(tmp_path):
+    """The Malamute client waits for a silent broker forever (ZeroMQ reconnects by itself); the source
+    gives a lost broker ``connectTimeout`` more, then its ingest tries the next endpoint of ``uri``,
+    and once none answers for ``brokerTimeout`` it fails naming the outage. The ingest alone, against
+    two real broker processes: kill the first, mail reaches the log through the second; kill that."""
+    from spark_mq.malamute_broker.testing import BrokerProcess
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.ingest import BrokerUnavailableError, Ingest
+    from spark_mq.sources.malamute import connect_consumer
+
+    first, second = BrokerProcess(client_timeout=10.0).start(), BrokerProcess(client_timeout=10.0).start()
+    opts = parse_options({"uri": f"{first.endpoint},{second.endpoint}", "mailbox": "orders",
+                          "logLocation": str(tmp_path / "log"), "connectTimeout": "1", "brokerTimeout": "4",
+                          "reconnectMaxDelay": "0.5"}, format="malamute", direction=SOURCE)
+    ing = Ingest("malamute", opts, lambda attempt: connect_consumer(opts, attempt))
+
+    def mail(broker, first_n, count):
+        with MalamuteClient(broker.endpoint, f"p-{time.monotonic_ns()}", timeout=5) as c:
+            for i in range(first_n, first_n + count):
+                c.sendto("orders", "s", f"m{i}".encode())
+            c.ping(timeout=5)
+
+    def bodies():
+        return [b for batch in ing.log.read(ing.log.tail, ing.log.durable_head)
+                for b in batch.column("body").to_pylist()]
+
+    try:
+        ing.start()
+        assert ing.wait_for(lambda: ing.connected, 10)
+        mail(first, 0, 10)
+        assert ing.wait_for(lambda: ing.log.durable_head == 10, 10), ing.log.durable_head
+        first.kill()
+        lost_at = time.monotonic()
+        # lost after the client's server timeout (4 s) plus connectTimeout, then the second broker
+        assert ing.wait_for(lambda: ing.reconnects >= 1 and ing.connected, 20), ing.figures()
+        assert time.monotonic() - lost_at >= 4.0  # not before the client itself declared it lost
+        mail(second, 10, 10)
+        assert ing.wait_for(lambda: ing.log.durable_head == 20, 10), ing.log.durable_head
+        assert bodies() == [f"m{i}".encode() for i in range(20)]
+        second.kill()
+        lost_at = time.monotonic()
+        deadline = lost_at + 30
+        while ing.error is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        failed_after = time.monotonic() - lost_at
+    finally:
+        ing.stop()
+        first.stop()
+        second.stop()
+    assert isinstance(ing.error, BrokerUnavailableError), ing.error
+    assert "brokerTimeout" in str(ing.error)
+    assert 4.0 + 4.0 <= failed_after < 30.0  # the client's server timeout, then brokerTimeout
