@@ -137,26 +137,45 @@ class MailboxStore:
                 damaged.append(path)
         messages = [(seq, *live[seq]) for seq in sorted(live)]
         number = max([n for n, _ in files] + [0]) + 1
-        seg = _Segment(number, self._path(number))
-        tmp = seg.path.with_suffix(".tmp")
-        with open(tmp, "wb") as out:
+        # the undelivered records, in segments of ``segment_bytes`` like a running journal's (one
+        # segment of a whole backlog would be reread whole once mostly delivered: a broker stall);
+        # each written to a temporary file, then all renamed in order: a crash before the old files
+        # are gone reads them again (records merge by seq), never a half-written segment
+        segments = [_Segment(number, self._path(number))]
+        out = open(segments[0].path.with_suffix(".tmp"), "wb")
+        try:
             for seq, address, header, content in messages:
+                seg = segments[-1]
+                if seg.size >= self.segment_bytes:
+                    self._close_fsynced(out)
+                    seg = _Segment(seg.number + 1, self._path(seg.number + 1))
+                    segments.append(seg)
+                    out = open(seg.path.with_suffix(".tmp"), "wb")
                 record = self._record(self._stored_body(seq, address, header, content))
                 out.write(record)
                 self._keep(seg, seq, seg.size, len(record))
                 seg.size += len(record)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, seg.path)
+        finally:
+            self._close_fsynced(out)
+        for seg in segments:
+            os.replace(seg.path.with_suffix(".tmp"), seg.path)
         self._fsync_dir()
         for _, path in files:  # all older than the new segment: a crash before this reads them first
             if path in damaged:
                 path.rename(path.with_name(path.name + _DAMAGED))  # for whoever can mend it; never read again
             else:
                 path.unlink()
-        self._segments = [seg]
-        self._file = open(seg.path, "ab", buffering=_BUFFER)
+        self._segments = segments
+        self._file = open(segments[-1].path, "ab", buffering=_BUFFER)
         return messages
+
+    @staticmethod
+    def _close_fsynced(out) -> None:
+        try:
+            out.flush()
+            os.fsync(out.fileno())
+        finally:
+            out.close()
 
     def _read(self, data: bytes, live: dict) -> int:
         """Apply the records of ``data`` to ``live``; returns the byte offset where reading stopped

@@ -472,3 +472,24 @@ def test_a_damaged_older_segment_at_start_up_is_kept_and_named(tmp_path, caplog)
     assert lost and got == [seq for seq in seqs if seq not in lost]    # order kept, nothing invented
     assert all(seqs.index(seq) < 10 for seq in lost)                   # only the damaged segment's tail
     assert got[-1] == seqs[-1]
+
+
+def test_a_restart_writes_the_backlog_in_segments_of_the_configured_size(tmp_path):
+    """What a restart keeps is written in segments of ``segment_bytes`` (not one file of the whole
+    backlog, which would be reread whole once mostly delivered), in order, and read back whole."""
+    store = MailboxStore(tmp_path, segment_bytes=10_000)
+    store.load()
+    seqs = [store.append("bob", b"", [bytes([i]) * 1000]) for i in range(45)]
+    store.flush()
+    store.close()
+    again = MailboxStore(tmp_path, segment_bytes=10_000)
+    restored = again.load()
+    assert [seq for seq, *_ in restored] == seqs
+    sizes = [p.stat().st_size for p in again.paths]
+    assert len(sizes) >= 4 and all(size < 10_000 + 1_100 for size in sizes), sizes
+    assert not list(tmp_path.glob("*.tmp"))
+    for seq in seqs[:40]:
+        again.delivered(seq)
+    again.flush()
+    again.close()
+    assert [c for *_, c in _restored(tmp_path)] == [[bytes([i]) * 1000] for i in range(40, 45)]
