@@ -34,7 +34,7 @@ import time
 from collections import Counter
 
 from bench.bench_sources import SIZES, _arg, only_formats, pairs, protocol_table
-from bench.common import ProcessCpu, harness, write_results
+from bench.common import ProcessCpu, harness, settle, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
 # was the shortest, at 5 to 10 times the start-up's share of a run)
@@ -141,6 +141,7 @@ def main(argv: list[str]) -> dict:
     try:
         for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, COUNTS, rounds, "bench-ingest"):
             preload(name + "-raw", n, size)
+            settle()
             with ProcessCpu() as raw_cpu:
                 got_raw, raw_s = raw(name + "-raw", n)
             if got_raw != n:
@@ -149,6 +150,7 @@ def main(argv: list[str]) -> dict:
             for variant in variants:
                 queue = f"{name}-{len(row['variants'])}"
                 preload(queue, n, size)
+                settle()
                 run = ingest_run(fmt, {**options(queue), **_variant(variant)}, n)
                 if run["messages"] != n:
                     raise RuntimeError(f"{fmt} {label} {variant!r}: the ingest logged {run['messages']} of {n}")

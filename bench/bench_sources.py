@@ -17,6 +17,12 @@ run also records the CPU seconds spent by each kind of process (raw client or Sp
 driver-side reader process, the JVM, the executor Python workers, the broker), sampled from /proc:
 on a machine with few cores the source's rate is bounded by their sum.
 
+Each timed run, the raw client's and the source's, starts once its preload is over for the whole
+machine, not only for the preloading client: dirty pages written back and the broker idle
+(``bench.common.settle``; the wait is recorded with each run). Before it, the run after a preload
+of a few GB paid for the kernel's writeback of 1.5-1.8 GB of it, and a source fsyncing its log
+paid the most.
+
 Before the measured runs, one small query per format (two partitions) starts both executor Python
 workers, and one unmeasured query per format and size (100,000 messages) warms the JVM's JIT
 (``--warm=0`` skips it): costs of the first queries in a Spark session, not of the source (the
@@ -37,7 +43,7 @@ from typing import NamedTuple, Optional
 from spark_mq import schema as S
 from spark_mq.sourcelog import SEGMENT_PREFIX
 
-from bench.common import ProcessCpu, harness, write_results
+from bench.common import ProcessCpu, harness, settle, write_results
 
 SIZES = {"100B": 100, "4KiB": 4096}
 # A rate, not a start-up time: every query pays 1.5-2.5 s that do not depend on the count (about 1 s
@@ -358,9 +364,11 @@ def main(argv: list[str]) -> dict:
                     print(f"warm-up (not measured): {fmt} {label} {got} messages in {seconds:.1f}s", flush=True)
         for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, counts, rounds, "bench"):
             preload(name + "-raw", n, size)
+            raw_settle = settle()
             with ProcessCpu() as raw_cpu:
                 got_raw, raw_s = raw(name + "-raw", n)
             preload(name, n, size)
+            src_settle = settle()
             with ProcessCpu() as src_cpu:
                 got_src, src_s, _, batch_s, first_s = run_source(spark, fmt, options(name),
                                                                  tempfile.mkdtemp(prefix="bench-log-"))
@@ -384,7 +392,9 @@ def main(argv: list[str]) -> dict:
                    "raw_cpu": raw_cpu.seconds, "source_cpu": src_cpu.seconds,
                    "ceiling_seconds": ceil_s, "ceiling_msgs_per_s": got_ceil / ceil_s,
                    "ceiling_ratio": (got_ceil / ceil_s) / raw_rate, "ceiling_cpu": ceil_cpu.seconds,
-                   "best_possible_ratio": raw_s / best_s}
+                   "best_possible_ratio": raw_s / best_s,
+                   # how long each timed run waited for its preload to be over (bench.common.settle)
+                   "raw_settle": raw_settle, "source_settle": src_settle}
             measured.setdefault((fmt, label), []).append(row)
             print(f"round {rnd + 1}: {fmt} {label} raw {raw_rate:.0f} msg/s, source {src_rate:.0f} msg/s, "
                   f"ratio {src_rate / raw_rate:.2f}, first message in the log after "
