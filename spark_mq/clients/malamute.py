@@ -97,8 +97,8 @@ class _Status:
 
     @property
     def lost_for(self) -> float:
-        """Seconds the server has been silent, once declared lost (after ``server_timeout``); else 0."""
-        return self._proto.silent_for(time.monotonic())
+        """Seconds since the server was declared lost (silent for ``server_timeout``); else 0."""
+        return self._proto.lost_for(time.monotonic())
 
     @property
     def recoveries(self) -> int:

@@ -77,13 +77,14 @@ class MalamuteConsumer:
     def poll(self, max_count: int, timeout: float) -> list:
         msgs = self.client.poll(max_count, timeout, _DRAIN_WAIT)
         if not msgs:
-            silent = self.client.lost_for
-            if silent > self._give_up:
+            lost = self.client.lost_for
+            if lost > self._give_up:
                 # the client would wait for this broker forever (ZeroMQ reconnects by itself); the
                 # ingest's reconnect loop tries the other endpoints and fails the query after
                 # ``brokerTimeout``. Nothing is unread: this poll found the socket empty.
                 raise ConnectionClosedError(
-                    f"malamute broker at {self.client.endpoint} silent for {silent:.0f}s (server lost)")
+                    f"malamute broker at {self.client.endpoint} lost: still silent {lost:.0f}s after the client "
+                    f"declared it lost")
         return msgs
 
     def row(self, msg, offset: int, now_us: int) -> tuple:

@@ -346,9 +346,9 @@ class ClientConnection:
         reading is held back): the server is not silent, whatever ``tick`` would conclude."""
         self._last_heard = now
 
-    def silent_for(self, now: float) -> float:
-        """Seconds since the server was last heard from (0 unless it is ``LOST``)."""
-        return now - self._last_heard if self.state is State.LOST else 0.0
+    def lost_for(self, now: float) -> float:
+        """Seconds since the server's silence passed ``server_timeout`` (0 unless it is ``LOST``)."""
+        return max(0.0, now - self._last_heard - self.server_timeout) if self.state is State.LOST else 0.0
 
     def next_deadline(self) -> float:
         """When ``tick`` next has something to do."""
