@@ -19,9 +19,8 @@ on a machine with few cores the source's rate is bounded by their sum.
 
 Each timed run, the raw client's and the source's, starts once its preload is over for the whole
 machine, not only for the preloading client: dirty pages written back and the broker idle
-(``bench.common.settle``; the wait is recorded with each run). Before it, the run after a preload
-of a few GB paid for the kernel's writeback of 1.5-1.8 GB of it, and a source fsyncing its log
-paid the most.
+(``bench.common.settle``; the wait is recorded with each run), so that neither run pays for the
+other's setup (a 500,000 x 4 KiB Malamute preload left 1.5-1.8 GB of dirty pages in a scratch run).
 
 Before the measured runs, one small query per format (two partitions) starts both executor Python
 workers, and one unmeasured query per format and size (100,000 messages) warms the JVM's JIT

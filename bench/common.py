@@ -162,11 +162,11 @@ SETTLE_MAX = 60.0      # the longest a run waits for it
 def settle(max_wait: float = SETTLE_MAX) -> dict:
     """Wait until a preload is over for the machine, not only for its client: the kernel's dirty
     pages written back (``os.sync()``) and the brokers' CPU below ``SETTLE_IDLE`` of a core over
-    ``SETTLE_WINDOW`` (bounded by ``max_wait``). A preload of a few GB leaves 1.5-1.8 GB of dirty
-    pages behind it (measured after 500,000 x 4 KiB Malamute mails on this machine) and RabbitMQ still
-    busy with its message store; whichever run came next paid for them, and a source that fsyncs its
-    log paid most (on ext4 an fsync waits for the journal, which waits for that writeback). Both the
-    raw client's run and the source's run start after it. Returns what it waited for."""
+    ``SETTLE_WINDOW`` (bounded by ``max_wait``), so that a timed run does not pay for the setup before
+    it: a preload of a few GB can leave GBs of dirty pages (1.5-1.8 GB after 500,000 x 4 KiB Malamute
+    mails in a scratch run) for the kernel to write back, and on ext4 an fsync waits for the journal,
+    which waits for that writeback. Both the raw client's run and the source's run start after it.
+    Returns what it waited for."""
     t0 = time.monotonic()
     os.sync()
     synced = time.monotonic() - t0

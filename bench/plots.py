@@ -375,14 +375,15 @@ def page() -> str:
     settles = [row[key] for row in (_load("sources") or {}).values() if isinstance(row, dict)
                for key in ("raw_settle", "source_settle") if isinstance(row.get(key), dict)]
     if settles:
-        longest = max(s["settle_seconds"] for s in settles)
         parts += [
             "Each timed run, the raw client's and the source's, starts once its preload is over for the",
             "whole machine (`bench.common.settle`: `os.sync()`, then the broker's CPU under 5% of a core over",
-            f"0.5 s); in the reported rounds that took up to {longest:.1f} s. A preload of a few GB left",
-            "1.5-1.8 GB of dirty pages behind it (500,000 x 4 KiB Malamute mails on this machine), which the",
-            "next run paid for, a source that fsyncs its log most; runs before commit \"bench: ... settle\" did not",
-            "wait.",
+            "0.5 s), so that neither pays for the other's setup: a 500,000 x 4 KiB Malamute preload left",
+            "1.5-1.8 GB of dirty pages behind it in a scratch run. In the reported rounds the waits were short",
+            f"(`os.sync()` up to {max(s['sync_seconds'] for s in settles):.2f} s, the whole wait up to "
+            f"{max(s['settle_seconds'] for s in settles):.1f} s), and their effect on the ratios",
+            "was not measured apart: runs before commit \"bench: ... settle\" did not wait, and they ran on",
+            "another session's machine.",
             "",
         ]
     parts += cpu_section()
