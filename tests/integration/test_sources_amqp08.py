@@ -277,3 +277,33 @@ def test_log_is_cleaned_up_after_the_next_commit(spark, rabbitmq, unique_name, t
     assert len(held) == 1, held  # the 1000 committed messages' segments are gone
     table = pa.ipc.open_stream(pa.OSFile(str(log / held[0]))).read_all()
     assert table.column("offset").to_pylist() in ([1000], [])
+
+
+def test_declare_create_binds_with_queue_arguments_and_a_dead_first_host_is_skipped(
+        spark, rabbitmq, unique_name, tmp_path):
+    """``declare=create``: the source declares its queue durable with ``queueArguments``, declares the
+    exchange (``exchangeType``) and binds them with ``routingKey``; the ``uri`` list's first host
+    refuses connections (nothing listens there), so the source connects through the second."""
+    from spark_mq.malamute_broker.testing import free_tcp_port
+
+    url = rabbitmq.url("amqp")
+    dead = f"amqp://guest:guest@127.0.0.1:{free_tcp_port()}/%2F"
+    queue, exchange = unique_name("declared"), unique_name("ex")
+    df = reader(spark, f"{dead},{url}", queue, tmp_path / "log", declare="create", exchange=exchange,
+                exchangeType="topic", routingKey="orders.#", queueArguments=json.dumps({"x-max-length": 5}))
+    first = run_available_now(df, "amqp_declared_empty", tmp_path / "ckpt")  # declares, finds nothing yet
+    first.stop()
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, passive=True)       # the source declared it...
+        for i in range(10):                         # ... bound to the exchange by the pattern; x-max-length
+            ch.basic_publish(exchange, f"orders.eu.{i}", f"m{i}".encode())  # keeps the newest 5
+        ch.basic_publish(exchange, "other.key", b"not routed")
+        ch.queue_declare(queue, passive=True)       # a round trip: the publishes reached the broker
+    df = reader(spark, f"{dead},{url}", queue, tmp_path / "log", declare="create", exchange=exchange,
+                exchangeType="topic", routingKey="orders.#", queueArguments=json.dumps({"x-max-length": 5}))
+    run_available_now(df, "amqp_declared", tmp_path / "ckpt2")  # a memory sink starts afresh
+    rows = spark.sql("select body, exchange, routing_key from amqp_declared").collect()
+    assert sorted(bytes(r.body) for r in rows) == [f"m{i}".encode() for i in range(5, 10)]
+    assert {r.exchange for r in rows} == {exchange}
+    assert sorted(r.routing_key for r in rows) == [f"orders.eu.{i}" for i in range(5, 10)]
