@@ -8,8 +8,10 @@ An append-only journal in the configured directory, in segment files ``mailboxes
 - ``D`` seq u64: that message was delivered (or expired).
 
 At start-up every segment is read in order, each up to its first torn or corrupt record; the
-still-undelivered messages are returned in order and written to one new segment (through a
-temporary file, fsynced and renamed), and the old segments are deleted. While the broker runs,
+still-undelivered messages are returned in order and written to new segments of ``segment_bytes``
+(each through a temporary file, fsynced and renamed), and the old segments are deleted; an older
+segment found damaged (only the newest can end in a torn write) is logged and kept as
+``*.damaged``. While the broker runs,
 ``flush()`` starts a new segment once the active one holds ``segment_bytes`` (16 MiB), and
 deletes the oldest closed segments once nothing in them is undelivered; the undelivered records
 of an oldest segment that is at most a quarter undelivered (or of any oldest segment while the
@@ -116,7 +118,7 @@ class MailboxStore:
 
     def load(self) -> list[tuple[int, str, bytes, list[bytes]]]:
         """Undelivered messages as (seq, address, header, content), oldest first; the journal is
-        rewritten as one segment holding only those."""
+        rewritten as segments of ``segment_bytes`` holding only those."""
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -130,12 +130,13 @@ class _Flusher:
     ingest alone): the ingest thread spent 1.8-2.0 s of its 4.5-4.9 s waiting in fsync, while the
     fsync of 1 MiB costs no CPU of ours. ``request(head)`` asks for everything appended up to
     ``head`` (one fsync covers all appends made before it starts); ``log.durable_head`` says how far
-    it got; ``on_synced`` is called after each fsync. An fsync error is kept in ``error`` and ends
-    the thread: nothing after it becomes durable, so nothing after it is acknowledged or planned."""
+    it got; ``on_synced`` is called after each fsync. Any failure of an fsync is kept in ``error``
+    and ends the thread: nothing after it becomes durable, so nothing after it is acknowledged or
+    planned."""
 
     def __init__(self, log_: SourceLog, name: str, on_synced: Callable[[], None]) -> None:
         self.log = log_
-        self.error: Optional[OSError] = None
+        self.error: Optional[BaseException] = None
         self._on_synced = on_synced
         self._cond = threading.Condition()
         self._wanted = 0
@@ -498,7 +499,7 @@ class Ingest:
                     self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
         self._maybe_fix_target(consumer, quiet_ok=False)
 
-    def _write_error(self, exc: OSError) -> LogWriteError:
+    def _write_error(self, exc: BaseException) -> LogWriteError:
         # not a broker problem: reconnecting would take the same messages again, and the identities
         # just remembered would drop them as duplicates of what never reached the log
         return LogWriteError(f"{self.fmt} source: writing the source log at {self.opts.logLocation} failed: {exc}")
