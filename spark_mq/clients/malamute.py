@@ -37,6 +37,7 @@ from spark_mq.protocol.malamute.client import (
 )
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
 from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
+from spark_mq.transport.zmtp import ZmtpDealer
 
 log = logging.getLogger("spark_mq.clients.malamute")
 
@@ -47,6 +48,7 @@ _STOP = b"S"
 _WAKE = b"W"
 _MAX_POLL_MS = 100
 _DRAIN = 1024
+DEFAULT_READ_BUFFER = 1 << 20  # MalamuteReceiver: bytes read from the socket at a time, at most
 _DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)
 _pipe_ids = itertools.count()
 
@@ -474,15 +476,17 @@ class MalamuteClient(_Status):
 
 
 class MalamuteReceiver(_Status):
-    """A Malamute client for one consuming thread, driven by that thread: no IO thread of its own.
+    """A Malamute client for one consuming thread, driven by that thread: no IO thread, no pyzmq.
 
-    ``MalamuteClient`` hands every delivery from its IO thread to the application's thread; in a
-    process whose other threads share the interpreter lock (the source's reader: the ingest builds
-    Arrow batches and writes the log), that hand-off and the two threads' turns at the lock cost
-    more than receiving. Here the caller's ``poll`` reads the DEALER socket itself, feeds the same
-    sans-IO ``ClientConnection`` (heartbeats, server-lost detection, recovery after a broker
-    restart) and returns the deliveries; between calls ZeroMQ's own IO thread keeps receiving, up
-    to ``hwm`` messages, and TCP and the broker hold the rest.
+    ``MalamuteClient`` hands every delivery from its IO thread to the application's thread, and
+    pyzmq hands every frame from libzmq's IO thread to Python; in a process whose other threads
+    share the interpreter lock (the source's reader: the ingest builds Arrow batches and writes the
+    log), those hand-offs cost more than the rest of receiving. Here the caller's ``poll`` reads
+    the TCP stream itself through a ``spark_mq.transport.zmtp.ZmtpDealer`` (ZMTP 3.0, as a libzmq
+    DEALER: the broker sees no difference), feeds the same sans-IO ``ClientConnection``
+    (heartbeats, server-lost detection, recovery after a broker restart) and returns the
+    deliveries. Between calls nothing is read: the kernel's socket buffer holds what arrives, then
+    the broker keeps the rest.
 
     The price: the clock runs only inside calls. Call ``poll`` or ``keepalive`` at least every
     ``heartbeat`` seconds (the broker drops a client silent for its ``server/timeout``, 5-60 s in
@@ -503,8 +507,7 @@ class MalamuteReceiver(_Status):
         heartbeat: float = DEFAULT_HEARTBEAT,
         server_timeout: float = DEFAULT_SERVER_TIMEOUT,
         request_timeout: float = 10.0,
-        hwm: int = 1000,
-        context: Optional[zmq.Context] = None,
+        read_buffer: int = DEFAULT_READ_BUFFER,
         on_event: Optional[Callable[[object], None]] = None,
     ) -> None:
         self.endpoint = endpoint
@@ -512,25 +515,22 @@ class MalamuteReceiver(_Status):
         self.on_event = on_event
         self._proto = ClientConnection(heartbeat=heartbeat, server_timeout=server_timeout)
         self._held: deque = deque()       # deliveries read while waiting for a reply
-        self._backlog: deque = deque()    # frames ZeroMQ did not take yet (HWM: broker away)
+        self._backlog: deque = deque()    # messages the transport's queue did not take yet (broker away)
         self._replies: dict[int, Reply] = {}
         self._awaited: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._dealer = (context or zmq.Context.instance()).socket(zmq.DEALER)
-        self._dealer.setsockopt(zmq.LINGER, 0)
-        self._dealer.setsockopt(zmq.SNDHWM, hwm)
-        self._dealer.setsockopt(zmq.RCVHWM, hwm)
-        try:
-            self._dealer.connect(endpoint)
-        except zmq.ZMQError as exc:
-            self._dealer.close(0)
-            raise ConnectionClosedError(f"bad Malamute endpoint {endpoint!r}: {exc}") from exc
+        self._wire = ZmtpDealer(endpoint, buffer_size=read_buffer)  # raises ConnectionClosedError on a bad endpoint
         try:
             self._request(self._proto.open(address, time.monotonic(), timeout), "CONNECTION-OPEN", timeout + 1.0)
+        except TimeoutError as exc:
+            self._closed = True
+            self._wire.close()
+            why = self._wire.last_error
+            raise TimeoutError(f"{exc} ({endpoint}: {why})" if why else str(exc)) from None
         except BaseException:
             self._closed = True
-            self._dealer.close(0)
+            self._wire.close()
             raise
 
     # ------------------------------------------------------------ public API
@@ -583,7 +583,7 @@ class MalamuteReceiver(_Status):
             if self._closed:
                 return
             now = time.monotonic()
-            if self._dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self._wire.pending():
                 self._proto.heard(now)
             self._tick(now)
 
@@ -603,7 +603,7 @@ class MalamuteReceiver(_Status):
             finally:
                 self._closed = True
                 self._held.clear()
-                self._dealer.close(0)
+                self._wire.close()
 
     def __enter__(self) -> "MalamuteReceiver":
         return self
@@ -640,35 +640,33 @@ class MalamuteReceiver(_Status):
             self._awaited.discard(token)
 
     def _read(self, out: list, max_count: int) -> int:
-        """Take the messages waiting in ZeroMQ, up to ``max_count`` deliveries in ``out``; act on the
-        rest; run the clock. Returns how many deliveries it added."""
-        dealer, proto = self._dealer, self._proto
-        receive = proto.receive
+        """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out``; act on
+        the rest; run the clock. Returns how many deliveries it added."""
+        wire, receive = self._wire, self._proto.receive
         now = time.monotonic()
         before = len(out)
         while len(out) < max_count:
-            try:
-                frames = recv_frames(dealer, NOBLOCK)
-            except zmq.Again:
+            batch = wire.read(max_count - len(out))
+            if not batch:
                 break
-            try:
-                events = receive(frames, now)
-            except RemoteProtocolError as exc:
-                log.warning("dropping malformed message from the broker: %s", exc)
-                continue
-            for event in events:
-                if isinstance(event, _DELIVERIES):
-                    out.append(event)
-                else:
-                    self._event(event)
+            for frames in batch:
+                try:
+                    events = receive(frames, now)
+                except RemoteProtocolError as exc:
+                    log.warning("dropping malformed message from the broker: %s", exc)
+                    continue
+                for event in events:
+                    if isinstance(event, _DELIVERIES):
+                        out.append(event)
+                    else:
+                        self._event(event)
         self._tick(now)
         return len(out) - before
 
     def _wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` (cut short at the clock's next deadline) for something to read."""
         until_tick = self._proto.next_deadline() - time.monotonic()
-        ms = int(max(0.0, min(seconds, until_tick, _MAX_POLL_MS / 1000)) * 1000) + 1
-        return bool(self._dealer.poll(ms, zmq.POLLIN))
+        return self._wire.wait(max(0.0, min(seconds, until_tick, _MAX_POLL_MS / 1000)))
 
     def _tick(self, now: float) -> None:
         proto = self._proto
@@ -678,10 +676,8 @@ class MalamuteReceiver(_Status):
         backlog = self._backlog
         backlog.extend(proto.data_to_send())
         while backlog:
-            try:
-                self._dealer.send_multipart(backlog[0], NOBLOCK)
-            except zmq.Again:
-                return  # HWM reached (broker away): sent by a later call
+            if not self._wire.send(backlog[0]):
+                return  # the transport's queue is full (broker away): sent by a later call
             backlog.popleft()
 
     def _event(self, event) -> None:

@@ -24,7 +24,7 @@ import uuid
 from spark_mq import schema as S
 from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
-from spark_mq.sources.base import MQDataSource, prefetch_of
+from spark_mq.sources.base import MQDataSource
 from spark_mq.sources.connect import connect_malamute
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
@@ -52,19 +52,17 @@ class MalamuteConsumer:
         else:
             address = opts.get("address") or f"spark-mq-{uuid.uuid4().hex[:12]}"
             self.destination = opts.get("stream") or opts.get("service")
-        # The ingest thread drives the client itself (``MalamuteReceiver``: no IO thread whose
-        # hand-offs and turns at the interpreter lock cost more than receiving; see ``poll``).
-        # ``prefetch`` bounds what ZeroMQ holds ahead of the ingest, as it bounds unacked
-        # deliveries in AMQP and STOMP; the rest waits in TCP and the broker. A short queue keeps
-        # bodies in the CPU caches from socket to log, and the reader's memory independent of the
-        # broker's backlog.
+        # The ingest thread drives the client itself (``MalamuteReceiver``: no IO thread, and the TCP
+        # stream read and cut up in Python instead of through pyzmq, whose hand-offs cost more than
+        # receiving; see ``spark_mq.protocol.zmtp``). What the reader holds ahead of the ingest is
+        # bounded by the receiver's read buffer (1 MiB); the rest waits in TCP and the broker, which
+        # keeps the reader's memory independent of the broker's backlog.
         from spark_mq.clients.malamute import MalamuteReceiver
         # A broker declared lost (silent for the client's server timeout) gets ``connectTimeout``
         # more to answer on this connection (the client re-opens by itself when it does: a broker
         # restart costs nothing) before the connection is given up and the next endpoint tried.
         self._give_up = opts.get("connectTimeout") or 10.0
-        self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver,
-                                       hwm=prefetch_of(opts))
+        self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver)
         try:
             if opts.get("stream"):
                 self.client.set_consumer(opts.stream, opts.pattern)

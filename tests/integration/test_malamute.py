@@ -501,7 +501,7 @@ def test_receiver_takes_every_delivery_once_in_order_within_its_count_and_timeou
     n = 20_000
     _mail(malamute_broker.endpoint, "rx", n)
     got: list = []
-    with MalamuteReceiver(malamute_broker.endpoint, "rx", timeout=5, hwm=100) as rx:
+    with MalamuteReceiver(malamute_broker.endpoint, "rx", timeout=5) as rx:
         deadline = time.monotonic() + 60
         turn = 0
         while len(got) < n and time.monotonic() < deadline:
@@ -521,7 +521,7 @@ def test_receiver_stream_reply_behind_mail_keeps_the_mail_for_poll(malamute_brok
     ``set_consumer`` reads through to its answer and keeps the mail for ``poll``, in order, before
     the stream's own messages."""
     _mail(malamute_broker.endpoint, "both", 3000)
-    with MalamuteReceiver(malamute_broker.endpoint, "both", timeout=5, hwm=50) as rx, \
+    with MalamuteReceiver(malamute_broker.endpoint, "both", timeout=5) as rx, \
             MalamuteClient(malamute_broker.endpoint, "pub", timeout=5) as pub:
         time.sleep(0.3)  # the mail is on its way before the request
         rx.set_consumer("weather", "^temp")
@@ -545,7 +545,7 @@ def test_receiver_keepalive_holds_the_connection_while_nothing_is_taken():
     with brokers.malamute_running(client_timeout=1.0) as broker:
         _mail(broker.endpoint, "held", 500)
         with MalamuteReceiver(broker.endpoint, "held", timeout=5, heartbeat=0.2, server_timeout=0.8,
-                              hwm=10, on_event=events.append) as rx:
+                              on_event=events.append) as rx:
             end = time.monotonic() + 3.0
             while time.monotonic() < end:
                 rx.keepalive()
@@ -591,7 +591,7 @@ def test_receiver_recovers_after_a_broker_restart(malamute_broker):
 
 def test_receiver_close_from_another_thread_waits_for_a_running_poll(malamute_broker):
     """``close`` while another thread is inside ``poll``: the socket is closed only once that poll
-    returns (ZeroMQ sockets are not thread-safe); a later poll says the client is closed."""
+    returns (the socket is not driven from two threads); a later poll says the client is closed."""
     from spark_mq.errors import ConnectionClosedError
 
     rx = MalamuteReceiver(malamute_broker.endpoint, "idle", timeout=5)

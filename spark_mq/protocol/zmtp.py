@@ -1,0 +1,315 @@
+"""Sans-IO ZMTP 3.0 (ZeroMQ RFC 23): one connection's byte stream, as the connecting DEALER peer.
+
+Responsible for: the greeting (signature, version, the NULL mechanism), the NULL handshake (the
+READY command and its properties: ``Socket-Type``, ``Identity``), framing (flags, short and long
+sizes, MORE, COMMAND) in both directions, the few commands a NULL connection carries afterwards
+(ZMTP 3.1's PING is answered with PONG; ERROR ends the connection), and the receive buffer: a
+preallocated ``bytearray`` the driver receives into (``buffer()`` then ``received(n)``), parsed in
+place by offsets, whole messages taken out as lists of ``bytes`` frames, the rest left for later.
+Not responsible for sockets, reconnecting or time (``spark_mq.transport.zmtp``), nor for what the
+frames mean (the Malamute codec).
+
+Why it exists: the Malamute source's reader receives gigabytes of small messages. Through pyzmq
+each one crosses libzmq's IO thread, a pipe and a ``Frame`` object per frame before Python sees its
+``bytes``; receiving the TCP stream here in 1 MiB reads and cutting it up in place took less than
+half of that CPU (``bench/bench_zmtp.py``).
+
+Messages on the wire are what a libzmq DEALER sends and receives: the frames alone (a ROUTER
+peer adds and strips the routing id itself). Every ``RemoteProtocolError`` names what was wrong;
+the connection is unusable after one (the driver drops it and connects again, as libzmq does).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from struct import Struct
+from typing import Optional, Sequence
+
+from spark_mq.errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = ["ZmtpConnection", "Phase", "encode_message", "encode_command", "GREETING_SIZE", "SIGNATURE"]
+
+SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
+GREETING_SIZE = 64
+VERSION = (3, 0)
+MECHANISM = b"NULL"
+_MECHANISM_SIZE = 20
+_MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
+_RESERVED = 0xF8
+_U64 = Struct(">Q")
+_U32 = Struct(">I")
+_SHORT_MAX = 255
+DEFAULT_BUFFER = 1 << 20     # bytes received per read at most (and the buffer's resting size)
+MIN_READ = 64 << 10          # a read is offered at least this much room (the buffer is compacted)
+DEFAULT_MAX_FRAME = 1 << 30  # a frame announced larger than this ends the connection
+# socket types a DEALER may talk to (RFC 28)
+_PEERS = {b"DEALER": frozenset({b"ROUTER", b"DEALER", b"REP"})}
+
+
+class Phase(Enum):
+    GREETING = "greeting"    # waiting for the peer's 64 bytes
+    HANDSHAKE = "handshake"  # waiting for the peer's READY
+    READY = "ready"          # messages flow
+
+
+def _frame_head(flags: int, size: int) -> bytes:
+    if size > _SHORT_MAX:
+        return bytes((flags | _LONG,)) + _U64.pack(size)
+    return bytes((flags, size))
+
+
+def encode_message(frames: Sequence) -> bytes:
+    """One multipart message as wire bytes (frames: bytes-like; at least one)."""
+    if not frames:
+        raise LocalProtocolError("a ZMTP message has at least one frame")
+    last = len(frames) - 1
+    parts = []
+    for i, frame in enumerate(frames):
+        parts.append(_frame_head(_MORE if i < last else 0, len(frame)))
+        parts.append(frame)
+    return b"".join(parts)
+
+
+def encode_command(name: bytes, data: bytes = b"") -> bytes:
+    """One command frame (RFC 23: name length, name, data)."""
+    if not 0 < len(name) <= _SHORT_MAX:
+        raise LocalProtocolError(f"bad ZMTP command name {name!r}")
+    body = bytes((len(name),)) + name + data
+    return _frame_head(_COMMAND, len(body)) + body
+
+
+def encode_properties(props: dict) -> bytes:
+    """Metadata as READY carries it: name length (1 octet), name, value length (4 octets), value."""
+    out = bytearray()
+    for name, value in props.items():
+        out += bytes((len(name),)) + name + _U32.pack(len(value)) + value
+    return bytes(out)
+
+
+def _greeting() -> bytes:
+    return (SIGNATURE + bytes(VERSION) + MECHANISM.ljust(_MECHANISM_SIZE, b"\x00") + b"\x00"
+            + b"\x00" * 31)
+
+
+def _parse_properties(data: bytes) -> dict:
+    props, pos, n = {}, 0, len(data)
+    while pos < n:
+        size = data[pos]
+        name_end = pos + 1 + size
+        if name_end + 4 > n:
+            raise RemoteProtocolError("ZMTP READY: property list ends inside a name")
+        (vsize,) = _U32.unpack_from(data, name_end)
+        end = name_end + 4 + vsize
+        if end > n:
+            raise RemoteProtocolError("ZMTP READY: property value longer than the command")
+        props[bytes(data[pos + 1:name_end]).lower()] = bytes(data[name_end + 4:end])
+        pos = end
+    return props
+
+
+class ZmtpConnection:
+    """One ZMTP 3.0 connection over NULL security, seen from the peer that connected.
+
+    >>> c = ZmtpConnection()
+    >>> wire = c.data_to_send()          # our greeting and READY: send them first
+    >>> view = c.buffer(); n = 0         # receive into ``view`` (n bytes), then:
+    >>> c.received(n); msgs = []; c.messages(msgs, 100)
+    0
+    """
+
+    def __init__(self, socket_type: bytes = b"DEALER", identity: bytes = b"", *,
+                 buffer_size: int = DEFAULT_BUFFER, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if socket_type not in _PEERS:
+            raise LocalProtocolError(f"ZMTP socket type {socket_type!r} is not supported here (only DEALER)")
+        self.socket_type = socket_type
+        self.phase = Phase.GREETING
+        self.peer_properties: dict = {}
+        self.peer_version: Optional[tuple] = None
+        self.max_frame = max_frame
+        self._size = max(buffer_size, 2 * MIN_READ)
+        self._buf = bytearray(self._size)
+        self._view = memoryview(self._buf)
+        self._pos = 0      # first byte not yet parsed
+        self._fill = 0     # end of the bytes received
+        self._need = 0     # bytes from _pos the next frame needs whole (0: unknown)
+        self._frames: list = []  # frames of a message whose last frame has not arrived yet
+        self._out = bytearray(_greeting())
+        self._out += encode_command(b"READY", encode_properties({b"Socket-Type": socket_type, b"Identity": identity}))
+
+    # ------------------------------------------------------------ output
+
+    @property
+    def wants_to_send(self) -> bool:
+        return bool(self._out)
+
+    def data_to_send(self) -> bytes:
+        """Bytes the connection itself must send (greeting, READY, PONGs), in order."""
+        out, self._out = bytes(self._out), bytearray()
+        return out
+
+    # ------------------------------------------------------------ input
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken out as messages (a partial frame included)."""
+        return self._fill - self._pos
+
+    def buffer(self) -> memoryview:
+        """Room to receive into (at least ``MIN_READ`` bytes, or all a pending large frame needs);
+        call ``received(n)`` with the count written at its start. Release it (or let it go) before
+        the next call: the buffer may move."""
+        room = self._size - self._fill
+        if room < MIN_READ or self._need > self._size - self._pos:
+            self._compact()
+        return self._view[self._fill:]
+
+    def _compact(self) -> None:
+        pos, fill, need = self._pos, self._fill, self._need
+        tail = fill - pos
+        size = max(self._size if need <= self._size else need, tail + MIN_READ, self._resting_size())
+        if size != self._size:
+            buf = bytearray(size)
+            buf[:tail] = self._view[pos:fill]
+            self._view.release()
+            self._buf, self._view, self._size = buf, memoryview(buf), size
+        elif pos:
+            self._buf[:tail] = self._view[pos:fill]
+        self._pos, self._fill = 0, tail
+
+    def _resting_size(self) -> int:
+        return max(DEFAULT_BUFFER if self._size > DEFAULT_BUFFER else self._size, 2 * MIN_READ)
+
+    def received(self, count: int) -> None:
+        """``count`` bytes were written at the start of the last ``buffer()``."""
+        if count < 0 or self._fill + count > self._size:
+            raise LocalProtocolError(f"received({count}) beyond the buffer given")
+        self._fill += count
+
+    def messages(self, out: list, max_count: int) -> int:
+        """Append up to ``max_count`` whole messages (lists of ``bytes`` frames) to ``out``; returns
+        how many. Raises ``RemoteProtocolError`` when the peer broke the protocol."""
+        if self.phase is not Phase.READY:
+            self._handshake()
+            if self.phase is not Phase.READY:
+                return 0
+        buf, view, fill = self._buf, self._view, self._fill
+        pos = self._pos
+        frames = self._frames
+        count = need = 0
+        try:
+            while count < max_count:
+                left = fill - pos
+                if left < 2:
+                    break
+                flags = buf[pos]
+                if flags & _LONG:
+                    if left < 9:
+                        break
+                    (size,) = _U64.unpack_from(buf, pos + 1)
+                    start = pos + 9
+                    if size > self.max_frame:
+                        raise RemoteProtocolError(f"ZMTP frame of {size} bytes announced, over the limit of "
+                                                  f"{self.max_frame}")
+                else:
+                    size = buf[pos + 1]
+                    start = pos + 2
+                stop = start + size
+                if stop > fill:
+                    need = stop - pos  # the buffer must hold this frame whole
+                    break
+                if flags & (_RESERVED | _COMMAND):
+                    self._command(flags, bytes(view[start:stop]))
+                    pos = stop
+                    continue
+                frames.append(view[start:stop].tobytes())
+                pos = stop
+                if not flags & _MORE:
+                    out.append(frames)
+                    frames = self._frames = []
+                    count += 1
+        finally:
+            self._need = need
+            if pos == fill:  # all taken: the next read starts at the buffer's start
+                self._pos = self._fill = 0
+            else:
+                self._pos = pos
+        return count
+
+    def _command(self, flags: int, body: bytes) -> None:
+        if flags & _RESERVED:
+            raise RemoteProtocolError(f"ZMTP frame flags {flags:#04x} set reserved bits")
+        if self._frames:
+            raise RemoteProtocolError("ZMTP command inside a multipart message")
+        name, data = self._split_command(body)
+        if name == b"PING":  # ZMTP 3.1 heartbeat: TTL (2 octets), then a context echoed in PONG
+            if len(data) < 2:
+                raise RemoteProtocolError("ZMTP PING shorter than its TTL")
+            self._out += encode_command(b"PONG", data[2:])
+        elif name == b"ERROR":
+            raise RemoteProtocolError(f"ZMTP peer sent ERROR: {self._reason(data)}")
+        # PONG and any other command: nothing to do for a NULL DEALER
+
+    @staticmethod
+    def _split_command(body: bytes) -> tuple:
+        if not body or len(body) < 1 + body[0]:
+            raise RemoteProtocolError("ZMTP command frame shorter than its name")
+        return body[1:1 + body[0]], body[1 + body[0]:]
+
+    @staticmethod
+    def _reason(data: bytes) -> str:
+        return data[1:1 + data[0]].decode("utf-8", "replace") if data else ""
+
+    # ------------------------------------------------------------ greeting and handshake
+
+    def _handshake(self) -> None:
+        buf, pos, fill = self._buf, self._pos, self._fill
+        if self.phase is Phase.GREETING:
+            # the signature is checked as soon as it is there: a peer that is not ZMTP is named early
+            if fill - pos >= 1 and buf[pos] != 0xFF:
+                raise RemoteProtocolError("not a ZMTP peer: its first byte is not the signature's 0xFF")
+            if fill - pos >= 10 and not buf[pos + 9] & 0x01:
+                raise RemoteProtocolError("not a ZMTP 3 peer: bad signature (ZMTP 1.0 framing)")
+            if fill - pos >= 11 and buf[pos + 10] < 3:
+                raise RemoteProtocolError(f"ZMTP peer speaks version {buf[pos + 10]}.x; 3.0 or later is needed")
+            if fill - pos < GREETING_SIZE:
+                return
+            self.peer_version = (buf[pos + 10], buf[pos + 11])
+            mechanism = bytes(buf[pos + 12:pos + 12 + _MECHANISM_SIZE]).rstrip(b"\x00")
+            if mechanism != MECHANISM:
+                raise RemoteProtocolError(f"ZMTP peer wants security mechanism {mechanism.decode('ascii', 'replace')!r}; "
+                                          "only NULL is supported")
+            pos += GREETING_SIZE
+            self._pos = pos
+            self.phase = Phase.HANDSHAKE
+        # the peer's READY (or ERROR): one command frame
+        if fill - pos < 2:
+            return
+        flags = buf[pos]
+        if not flags & _COMMAND or flags & (_RESERVED | _MORE):
+            raise RemoteProtocolError(f"ZMTP peer sent a frame with flags {flags:#04x} before its READY")
+        if flags & _LONG:
+            if fill - pos < 9:
+                return
+            (size,) = _U64.unpack_from(buf, pos + 1)
+            start = pos + 9
+            if size > self.max_frame:
+                raise RemoteProtocolError(f"ZMTP READY of {size} bytes announced")
+        else:
+            size, start = buf[pos + 1], pos + 2
+        if start + size > fill:
+            self._need = start + size - pos
+            return
+        name, data = self._split_command(bytes(buf[start:start + size]))
+        if name == b"ERROR":
+            raise RemoteProtocolError(f"ZMTP peer refused the handshake: {self._reason(data)}")
+        if name != b"READY":
+            raise RemoteProtocolError(f"ZMTP peer sent {name!r} where READY was due")
+        props = _parse_properties(data)
+        peer = props.get(b"socket-type")
+        if peer not in _PEERS[self.socket_type]:
+            raise RemoteProtocolError(f"ZMTP peer is a {peer.decode('ascii', 'replace') if peer else 'socket of no type'}, "
+                                      f"which a {self.socket_type.decode()} cannot talk to")
+        self.peer_properties = props
+        self._pos = start + size
+        self._need = 0
+        self.phase = Phase.READY
