@@ -38,6 +38,7 @@ RECONNECT_INTERVAL = 0.1   # seconds between connection attempts (libzmq's ZMQ_R
 HANDSHAKE_TIMEOUT = 30.0   # seconds a connected peer has to complete the greeting (ZMQ_HANDSHAKE_IVL)
 _IN_PROGRESS = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+_CLOSED = "closed by the peer"
 _POLLERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
@@ -141,11 +142,14 @@ class ZmtpDealer:
                 finally:
                     view.release()
                 if not got:
-                    self._lost("closed by the peer")
+                    self._lost(_CLOSED, closed=True)
                     break
                 conn.received(got)
                 was_ready = conn.phase is Phase.READY
                 conn.messages(out, max_count - len(out))
+                if not was_ready and conn.phase is Phase.READY:
+                    self.connections += 1
+                    self.last_error = None
                 if not was_ready or conn.wants_to_send:
                     self._flush()  # greeting answered (queued messages may go now), or a PONG
             if self.state is State.CONNECTED and not self.ready and \
@@ -155,7 +159,7 @@ class ZmtpDealer:
             log.warning("ZMTP peer at %s broke the protocol, connecting again: %s", self.endpoint, exc)
             self._lost(str(exc))
         except OSError as exc:
-            self._lost(f"{type(exc).__name__}: {exc}")
+            self._lost(f"{type(exc).__name__}: {exc}", closed=isinstance(exc, (ConnectionResetError, BrokenPipeError)))
         return out
 
     def wait(self, timeout: float) -> bool:
@@ -259,9 +263,15 @@ class ZmtpDealer:
         self.state = State.WAITING
         self._next_attempt = time.monotonic() + self.reconnect_interval
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str, closed: bool = False) -> None:
         if self.ready:
             log.info("ZMTP connection to %s lost (%s); connecting again", self.endpoint, why)
+        elif self._conn is not None:
+            # libzmq drops a peer whose mechanism or socket type it refuses, often before it has
+            # sent what would tell us which
+            seen = "its READY" if self._conn.phase is Phase.HANDSHAKE else "its greeting"
+            why = (f"ZMTP handshake failed before {seen}: {why} (a peer that wants PLAIN or CURVE security, "
+                   f"or no DEALER, closes like this)" if closed else f"ZMTP handshake failed: {why}")
         self._failed(why)
 
     def _drop(self) -> None:
@@ -302,7 +312,7 @@ class ZmtpDealer:
         except (BlockingIOError, InterruptedError):
             pass
         except OSError as exc:
-            self._lost(f"{type(exc).__name__}: {exc}")
+            self._lost(f"{type(exc).__name__}: {exc}", closed=isinstance(exc, (ConnectionResetError, BrokenPipeError)))
 
     def _poll(self, timeout: float, want: int, raw: bool = False):
         """poll(2) on the socket for ``want`` (seconds; 0 = look only). ``raw``: the event mask."""
