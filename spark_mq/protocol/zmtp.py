@@ -125,8 +125,8 @@ class ZmtpConnection:
         self.phase = Phase.GREETING
         self.peer_properties: dict = {}
         self.peer_version: Optional[tuple] = None
-        self.max_frame = max_frame
-        self._size = max(buffer_size, 2 * MIN_READ)
+        self.max_frame = max(max_frame, _SHORT_MAX)  # checked on LONG frames (short ones are within it)
+        self._rest = self._size = max(buffer_size, 2 * MIN_READ)
         self._buf = bytearray(self._size)
         self._view = memoryview(self._buf)
         self._pos = 0      # first byte not yet parsed
@@ -159,14 +159,16 @@ class ZmtpConnection:
         call ``received(n)`` with the count written at its start. Release it (or let it go) before
         the next call: the buffer may move."""
         room = self._size - self._fill
-        if room < MIN_READ or self._need > self._size - self._pos:
+        if room < MIN_READ or self._need > self._size - self._pos or (self._fill == 0 and self._size > self._rest):
             self._compact()
         return self._view[self._fill:]
 
     def _compact(self) -> None:
-        pos, fill, need = self._pos, self._fill, self._need
+        """Move the unparsed tail to the start; grow the buffer for a frame larger than it, and
+        return to the resting size once such a frame is out."""
+        pos, fill = self._pos, self._fill
         tail = fill - pos
-        size = max(self._size if need <= self._size else need, tail + MIN_READ, self._resting_size())
+        size = max(self._rest, self._need, tail + MIN_READ)
         if size != self._size:
             buf = bytearray(size)
             buf[:tail] = self._view[pos:fill]
@@ -175,9 +177,6 @@ class ZmtpConnection:
         elif pos:
             self._buf[:tail] = self._view[pos:fill]
         self._pos, self._fill = 0, tail
-
-    def _resting_size(self) -> int:
-        return max(DEFAULT_BUFFER if self._size > DEFAULT_BUFFER else self._size, 2 * MIN_READ)
 
     def received(self, count: int) -> None:
         """``count`` bytes were written at the start of the last ``buffer()``."""
