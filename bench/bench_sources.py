@@ -411,7 +411,7 @@ def main(argv: list[str]) -> dict:
             amqp = protocols_all["amqp08"]
             figures["memory"] = memory_run(spark, "amqp08", amqp[0], amqp[2], memory_n)
         if memory_mlm_n:
-            # Malamute has no acks to hold deliveries back: the client's bounded hand-off (prefetch)
+            # Malamute has no acks to hold deliveries back: the receiver's bounded read-ahead (1 MiB)
             # is what keeps the reader's memory to the log bound while the mailbox holds the rest
             mlm_p = protocols_all["malamute"]
             figures["memory_malamute"] = memory_run(spark, "malamute", mlm_p[0], mlm_p[2], memory_mlm_n)

@@ -432,8 +432,9 @@ SOURCE_OPTIONS = define(
     OptionSpec("maxPartitionMessages", OptionType.INT, default=50_000, minimum=1, directions=_SRC, doc=(
         "Without numPartitions: a partition holds at most this many messages (a large batch of small "
         "bodies is read by several tasks at once).")),
-    OptionSpec("prefetch", OptionType.INT, minimum=1, directions=_SRC,
-               doc="Broker prefetch (AMQP basic.qos, STOMP prefetch header). Default 1000 (10000 for ackMode=commit)."),
+    OptionSpec("prefetch", OptionType.INT, minimum=1, directions=_SRC, formats=_SOCKET, doc=(
+        "Broker prefetch (AMQP basic.qos, STOMP prefetch header). Default 1000 (10000 for ackMode=commit). "
+        "Malamute has none: its reader reads at most 1 MiB ahead.")),
     OptionSpec("failOnDataLoss", OptionType.BOOL, default=True, directions=_SRC, doc=(
         "Fail a batch whose log segments are gone (true), or read what is left and log a warning (false).")),
     OptionSpec("includeHeaders", OptionType.BOOL, default=True, directions=_SRC,

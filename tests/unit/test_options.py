@@ -56,6 +56,12 @@ def test_option_of_another_format_says_where_it_belongs():
         amqp(destination="/queue/a")
 
 
+def test_prefetch_is_refused_for_malamute_which_has_none():
+    """The Malamute reader reads a bounded 1 MiB ahead; a ``prefetch`` would silently do nothing."""
+    with pytest.raises(OptionError, match=r"'prefetch' for the malamute source.*amqp08/stomp"):
+        parse_options({"uri": "tcp://h:9999", "mailbox": "m", "prefetch": "10"}, format="malamute", direction=SOURCE)
+
+
 def test_every_bad_option_is_reported_at_once():
     with pytest.raises(OptionError) as info:
         amqp(ackMode="sometimes", prefetch="many", bogus="1")
