@@ -156,7 +156,9 @@ class ZmtpDealer:
                     time.monotonic() - self._since > self.handshake_timeout:
                 self._lost(f"no ZMTP handshake within {self.handshake_timeout:.0f} s")
         except RemoteProtocolError as exc:
-            log.warning("ZMTP peer at %s broke the protocol, connecting again: %s", self.endpoint, exc)
+            # once per distinct reason: a peer that refuses us does so on every attempt (10 a second)
+            level = logging.DEBUG if str(exc) in (self.last_error or "") else logging.WARNING
+            log.log(level, "ZMTP peer at %s broke the protocol, connecting again: %s", self.endpoint, exc)
             self._lost(str(exc))
         except OSError as exc:
             self._lost(f"{type(exc).__name__}: {exc}", closed=isinstance(exc, (ConnectionResetError, BrokenPipeError)))
