@@ -11,6 +11,10 @@ threads reach the IO thread through an inproc PUSH/PULL pipe, guarded by a lock,
 from any thread and keep their order. Requests with replies (``set_*``, ``ping``) wait for them;
 sends return at once (the broker never answers them).
 
+``MalamuteReceiver`` is the other driver: no IO thread, driven by the one thread that consumes,
+over the repository's own ZMTP 3.0 DEALER (``spark_mq.transport.zmtp``) instead of pyzmq; the
+Malamute source's reader uses it.
+
 Received messages are the codec's ``StreamDeliver``, ``MailboxDeliver``, ``ServiceDeliver`` (and
 ``Confirm``) objects: ``sender``, ``address``, ``subject``, ``tracker``, ``content`` (list of bytes).
 """
@@ -523,11 +527,13 @@ class MalamuteReceiver(_Status):
         self._wire = ZmtpDealer(endpoint, buffer_size=read_buffer)  # raises ConnectionClosedError on a bad endpoint
         try:
             self._request(self._proto.open(address, time.monotonic(), timeout), "CONNECTION-OPEN", timeout + 1.0)
-        except TimeoutError as exc:
+        except (TimeoutError, ConnectionClosedError) as exc:
             self._closed = True
+            why = self._wire.last_error  # why the last connection attempt failed, if one did
             self._wire.close()
-            why = self._wire.last_error
-            raise TimeoutError(f"{exc} ({endpoint}: {why})" if why else str(exc)) from None
+            if why:
+                raise type(exc)(f"{exc} ({endpoint}: {why})") from None
+            raise
         except BaseException:
             self._closed = True
             self._wire.close()

@@ -221,3 +221,20 @@ def test_bad_endpoints_are_named(endpoint):
 
     with pytest.raises(ConnectionClosedError, match="bad ZeroMQ endpoint"):
         ZmtpDealer(endpoint)
+
+
+def test_the_malamute_receiver_names_why_it_could_not_connect(ctx):
+    """``MalamuteReceiver`` (the source's client) on a dead port and on a PUB socket: the connect
+    error carries the transport's reason, so the query's error says what is at that endpoint."""
+    from spark_mq.clients.malamute import MalamuteReceiver
+    from spark_mq.errors import ConnectionClosedError
+
+    dead = f"tcp://127.0.0.1:{free_tcp_port()}"
+    with pytest.raises((ConnectionClosedError, TimeoutError), match=r"ECONNREFUSED"):
+        MalamuteReceiver(dead, "x", timeout=1.0)
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    pub = ctx.socket(zmq.PUB)
+    pub.linger = 0
+    pub.bind(endpoint)
+    with pytest.raises((ConnectionClosedError, TimeoutError), match=r"ZMTP handshake failed"):
+        MalamuteReceiver(endpoint, "x", timeout=1.0)
