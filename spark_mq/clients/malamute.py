@@ -529,11 +529,9 @@ class MalamuteReceiver(_Status):
             self._request(self._proto.open(address, time.monotonic(), timeout), "CONNECTION-OPEN", timeout + 1.0)
         except (TimeoutError, ConnectionClosedError) as exc:
             self._closed = True
-            why = self._wire.last_error  # why the last connection attempt failed, if one did
+            why = self._wire.describe()  # why the last connection attempt failed, or where it stands
             self._wire.close()
-            if why:
-                raise type(exc)(f"{exc} ({endpoint}: {why})") from None
-            raise
+            raise type(exc)(f"{exc} ({endpoint}: {why})") from None
         except BaseException:
             self._closed = True
             self._wire.close()
@@ -588,6 +586,8 @@ class MalamuteReceiver(_Status):
         with self._lock:
             if self._closed:
                 return
+            if not self._wire.ready:  # connecting or handshaking: move it on (at most one delivery kept)
+                self._read(self._held, len(self._held) + 1)
             now = time.monotonic()
             if self._wire.pending():
                 self._proto.heard(now)

@@ -161,7 +161,10 @@ class ZmtpConnection:
         room = self._size - self._fill
         if room < MIN_READ or self._need > self._size - self._pos or (self._fill == 0 and self._size > self._rest):
             self._compact()
-        return self._view[self._fill:]
+        # at most the resting size ahead (or what a pending large frame needs), even in a grown buffer
+        held = self._fill - self._pos
+        end = min(self._size, self._fill + max(MIN_READ, self._rest - held, self._need - held))
+        return self._view[self._fill:end]
 
     def _compact(self) -> None:
         """Move the unparsed tail to the start; grow the buffer for a frame larger than it, and
@@ -237,8 +240,8 @@ class ZmtpConnection:
     def _command(self, flags: int, body: bytes) -> None:
         if flags & _RESERVED:
             raise RemoteProtocolError(f"ZMTP frame flags {flags:#04x} set reserved bits")
-        if self._frames:
-            raise RemoteProtocolError("ZMTP command inside a multipart message")
+        # a command may come between two frames of a message: libzmq sends a heartbeat PING when
+        # its timer fires, between whatever frames it is writing; it leaves the message alone
         name, data = self._split_command(body)
         if name == b"PING":  # ZMTP 3.1 heartbeat: TTL (2 octets), then a context echoed in PONG
             if len(data) < 2:

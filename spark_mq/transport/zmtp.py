@@ -55,16 +55,18 @@ def parse_endpoint(endpoint: str) -> tuple:
     if not sep or not rest:
         raise ConnectionClosedError(f"bad ZeroMQ endpoint {endpoint!r}: expected tcp://host:port or ipc://path")
     if scheme == "ipc":
-        return "ipc", rest, 0
+        # libzmq on Linux: a leading "@" names a socket in the abstract namespace
+        return "ipc", "\0" + rest[1:] if rest.startswith("@") else rest, 0
     if scheme != "tcp":
         raise ConnectionClosedError(f"bad ZeroMQ endpoint {endpoint!r}: transport {scheme!r} is not supported "
                                     "here (tcp or ipc)")
     host, sep, port = rest.rpartition(":")
+    kind = "tcp"
     if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+        host, kind = host[1:-1], "tcp6"
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or host == "*":
         raise ConnectionClosedError(f"bad ZeroMQ endpoint {endpoint!r}: expected tcp://host:port")
-    return "tcp", host, int(port)
+    return kind, host, int(port)
 
 
 class ZmtpDealer:
@@ -106,10 +108,21 @@ class ZmtpDealer:
         return self._conn.buffered if self._conn is not None else 0
 
     def pending(self) -> bool:
-        """Something waits to be read: bytes in the buffer, or in the socket (a zero-time poll)."""
+        """Data from the peer waits to be read: bytes in the buffer, or in the socket (a zero-time
+        poll; an error or hang-up is not data)."""
         if self._conn is not None and self._conn.buffered:
             return True
-        return self.state is State.CONNECTED and self._poll(0, _POLLIN)
+        return self.state is State.CONNECTED and bool(self._poll(0, _POLLIN, raw=True) & _POLLIN)
+
+    def describe(self) -> str:
+        """Where the connection stands, for error messages: the last failure, else the state."""
+        if self.last_error:
+            return self.last_error
+        if self.state is State.CONNECTING:
+            return "connect still in progress (no answer from the host)"
+        if self.state is State.CONNECTED and not self.ready:
+            return "connected, ZMTP handshake not completed"
+        return self.state.value
 
     def send(self, frames: Sequence) -> bool:
         """Queue one message (written now if the socket takes it); False if ``max_queued`` messages
@@ -152,6 +165,8 @@ class ZmtpDealer:
                     self.last_error = None
                 if not was_ready or conn.wants_to_send:
                     self._flush()  # greeting answered (queued messages may go now), or a PONG
+                    if self.state is not State.CONNECTED:
+                        break  # the write found the connection gone: what was parsed is kept
             if self.state is State.CONNECTED and not self.ready and \
                     time.monotonic() - self._since > self.handshake_timeout:
                 self._lost(f"no ZMTP handshake within {self.handshake_timeout:.0f} s")
@@ -230,7 +245,10 @@ class ZmtpDealer:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 address = self._host
             else:
-                family, _, _, _, address = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)[0]
+                # IPv4 unless the endpoint is an IPv6 literal, as libzmq (ZMQ_IPV6 off): "localhost"
+                # may resolve to ::1 first while the broker listens on 0.0.0.0 or 127.0.0.1
+                family = socket.AF_INET6 if self._kind == "tcp6" else socket.AF_INET
+                address = socket.getaddrinfo(self._host, self._port, family, socket.SOCK_STREAM)[0][4]
                 sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
             self._failed(f"{type(exc).__name__}: {exc}")
@@ -249,7 +267,7 @@ class ZmtpDealer:
             self._failed(f"connect: {_strerror(err)}")
 
     def _connected(self, now: float) -> None:
-        if self._kind == "tcp":
+        if self._kind != "ipc":
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.state = State.CONNECTED
         self._since = now
@@ -289,28 +307,27 @@ class ZmtpDealer:
     # ------------------------------------------------------------ writing and polling
 
     def _flush(self) -> None:
-        """Write what the socket takes: the connection's own bytes first, then (once the handshake
-        is done) queued messages."""
-        sock = self._sock
+        """Write what the socket takes: the connection's own bytes (greeting, READY, PONGs) between
+        messages only, never inside one cut off by a full socket buffer; queued messages once the
+        handshake is done."""
+        sock, queue = self._sock, self._queue
         try:
-            while self._control:
-                sent = sock.send(self._control)
-                self._control = self._control[sent:]
-            conn = self._conn
-            if conn is not None and conn.wants_to_send:
-                self._control = conn.data_to_send()
-                return self._flush()
-            if not self.ready:
-                return
-            queue = self._queue
-            while queue:
+            while sock is not None:
+                if self._written == 0:
+                    conn = self._conn
+                    if conn is not None and conn.wants_to_send:
+                        self._control += conn.data_to_send()
+                    if self._control:
+                        sent = sock.send(self._control)
+                        self._control = self._control[sent:]
+                        continue
+                if not queue or not self.ready:
+                    return
                 head = queue[0]
-                sent = sock.send(memoryview(head)[self._written:])
-                self._written += sent
-                if self._written < len(head):
-                    break
-                queue.popleft()
-                self._written = 0
+                self._written += sock.send(memoryview(head)[self._written:])
+                if self._written == len(head):
+                    queue.popleft()
+                    self._written = 0
         except (BlockingIOError, InterruptedError):
             pass
         except OSError as exc:

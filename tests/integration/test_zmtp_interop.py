@@ -72,7 +72,7 @@ def test_messages_cross_both_ways_exactly_on_tcp(ctx):
     """Multipart messages with empty, 255- and 256-byte and 3 MiB frames, and 20,000 small ones in
     order, from a libzmq ROUTER to our DEALER; our messages reach the ROUTER whole."""
     endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
-    router = _router(ctx, endpoint)
+    router = _router(ctx, endpoint, sndhwm=0)  # a ROUTER drops what exceeds its high-water mark
     dealer = ZmtpDealer(endpoint)
     try:
         ident = _connected(dealer, router)
@@ -238,3 +238,44 @@ def test_the_malamute_receiver_names_why_it_could_not_connect(ctx):
     pub.bind(endpoint)
     with pytest.raises((ConnectionClosedError, TimeoutError), match=r"ZMTP handshake failed"):
         MalamuteReceiver(endpoint, "x", timeout=1.0)
+
+
+def test_libzmq_heartbeats_during_multipart_traffic(ctx):
+    """ZMTP heartbeats every 10 ms while the ROUTER streams 3-frame messages of several KiB for about
+    a second: a PING may come between two frames of a message (libzmq writes it when its timer fires);
+    every message arrives whole, in order, on the one connection."""
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    router = _router(ctx, endpoint, sndhwm=0, heartbeat_ivl=10, heartbeat_timeout=1000, heartbeat_ttl=1000)
+    dealer = ZmtpDealer(endpoint)
+    try:
+        ident = _connected(dealer, router)
+        got: list = []
+        sent = 0
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            for _ in range(50):
+                router.send_multipart([ident, b"h%d" % sent, b"x" * 6000, b"t"])
+                sent += 1
+            got.extend(dealer.read(1000))
+        got.extend(_read(dealer, sent - len(got)))
+        assert got == [[b"h%d" % i, b"x" * 6000, b"t"] for i in range(sent)]
+        assert dealer.connections == 1
+    finally:
+        dealer.close()
+
+
+def test_localhost_and_abstract_ipc_endpoints_reach_ipv4_and_abstract_sockets(ctx):
+    """``tcp://localhost:port`` reaches a ROUTER bound on 127.0.0.1 (IPv4, as libzmq resolves it,
+    whatever order the resolver gives), and ``ipc://@name`` a socket in Linux's abstract namespace."""
+    port = free_tcp_port()
+    abstract = f"ipc://@spark-mq-test-{os.getpid()}-{port}"
+    for bound, connect in ((f"tcp://127.0.0.1:{port}", f"tcp://localhost:{port}"), (abstract, abstract)):
+        router = _router(ctx, bound)
+        dealer = ZmtpDealer(connect)
+        try:
+            ident = _connected(dealer, router)
+            router.send_multipart([ident, b"reached", connect.encode()])
+            assert _read(dealer, 1) == [[b"reached", connect.encode()]]
+        finally:
+            dealer.close()
+            router.close(0)
