@@ -316,6 +316,7 @@ def page() -> str:
         "| sources | `./dev bench sources` | our raw client consuming the same preloaded count |",
         "| sinks | `./dev bench sinks` | our raw client publishing the same rows |",
         "| the ingest alone (diagnostic) | `./dev bench ingest` | our raw client consuming the same preloaded count |",
+        "| Malamute receive path (diagnostic) | `./dev bench zmtp` | the pyzmq DEALER our ZMTP DEALER replaced, same broker and mails |",
         "| writes during an fsync (diagnostic) | `./dev bench fsync` | the same appends with nothing beside them |",
         "",
         "## All figures",
