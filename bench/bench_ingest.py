@@ -18,7 +18,7 @@ are per process, as in ``bench sources``: here the ingest runs in the benchmark'
 ("driver"), beside the client's IO thread.
 
     python -m bench ingest                               # ~10 minutes: COUNTS, variants "" and fsync=false
-    python -m bench ingest --only=malamute --rounds=1 --variant=prefetch=4000
+    python -m bench ingest --only=amqp08 --rounds=1 --variant=prefetch=4000
 
 Rounds: every pair ``--rounds`` times (3), each format and size once per round; the median round
 by ratio is reported with every round's ratio.

@@ -261,13 +261,14 @@ def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
 def test_ingest_pauses_at_the_log_bound_and_resumes_after_commit(src, tmp_path):
     """Back-pressure, on the ingest itself (the driver-side half of the source) against the broker:
     the log never holds more than the bound plus one group; the rest waits in the broker (AMQP,
-    STOMP: prefetch; Malamute: the unread socket) until Spark commits."""
+    STOMP: prefetch; Malamute, which has no prefetch: the unread socket) until Spark commits."""
     from spark_mq.options import SOURCE, parse_options
     from spark_mq.sources.ingest import Ingest
 
     dest = src.new_destination()
     src.publish(dest, 0, 2000)
-    opts = parse_options({**src.options(dest), "logLocation": str(tmp_path / "log"), "prefetch": "200",
+    prefetch = {} if src.fmt == "malamute" else {"prefetch": "200"}
+    opts = parse_options({**src.options(dest), "logLocation": str(tmp_path / "log"), **prefetch,
                           "maxUncommittedMessages": "400", "fsyncMessages": "100"},
                          format=src.fmt, direction=SOURCE)
     connect = importlib.import_module(f"spark_mq.sources.{src.fmt}").connect_consumer
