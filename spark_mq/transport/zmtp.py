@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import select
 import socket
 import time
@@ -272,9 +273,8 @@ class ZmtpDealer:
         self.state = State.CONNECTED
         self._since = now
         self._conn = ZmtpConnection(buffer_size=self.buffer_size)
-        self._control = self._conn.data_to_send()
         self._written = 0
-        self._flush()
+        self._flush()  # takes the connection's greeting and READY first
 
     def _failed(self, why: str) -> None:
         """A connection attempt failed: try again after the interval."""
@@ -356,5 +356,4 @@ class ZmtpDealer:
 
 
 def _strerror(err: int) -> str:
-    import os
     return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
