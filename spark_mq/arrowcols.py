@@ -13,6 +13,7 @@ Arrow conversion. ``pa.array`` stays the fallback for types this module does not
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Sequence
 
@@ -21,7 +22,7 @@ import pyarrow as pa
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["column", "offsets_array"]
+__all__ = ["column", "offsets_array", "binary_spans", "repeated"]
 
 log = logging.getLogger("spark_mq.arrowcols")
 
@@ -170,6 +171,44 @@ def _list(values: Sequence, type_: pa.ListType, n: int) -> pa.Array:
     flat = column([x for v in values if v for x in v], type_.value_type)
     return pa.Array.from_buffers(type_, n, [validity, _list_offsets(values, n).buffers()[1]], null_count=nulls,
                                  children=[flat])
+
+
+def binary_spans(data: bytearray, spans: Sequence[tuple], type_: pa.DataType = pa.binary()) -> pa.Array:
+    """A binary column whose value i is ``data[start:stop]`` for ``spans[i] = (start, stop)``. Where
+    the spans tile ``data`` from its start, in order (a receive path that copied each value in
+    turn), the column is built over ``data`` itself: no copy, and ``data`` can no longer be resized
+    while the column lives. Otherwise the values are gathered into a new buffer."""
+    n = len(spans)
+    if n == 0:
+        return pa.array([], type=type_)
+    bounds = np.fromiter(itertools.chain.from_iterable(spans), dtype=np.int64, count=2 * n).reshape(n, 2)
+    starts, stops = bounds[:, 0], bounds[:, 1]
+    if starts[0] == 0 and (n == 1 or np.array_equal(starts[1:], stops[:-1])):
+        if stops[-1] > _INT32_MAX:
+            raise SparkMqError(f"a group of {n} messages holds {stops[-1]} bytes in one column, more than an Arrow "
+                               f"binary column can (2 GiB): lower 'fsyncMessages'")
+        offsets = np.empty(n + 1, dtype=np.int32)
+        offsets[0] = 0
+        offsets[1:] = stops
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=0)
+    view = memoryview(data)
+    items = [view[start:stop] for start, stop in spans]
+    try:
+        return _from_items(items, type_, n, None, 0, b"".join(items))
+    finally:
+        for item in items:
+            item.release()
+        view.release()
+
+
+def repeated(value, n: int, type_: pa.DataType) -> pa.Array:
+    """``value`` (None included) in each of ``n`` rows of a column of ``type_``."""
+    if value is None:
+        return pa.nulls(n, type_)
+    if pa.types.is_integer(type_) or pa.types.is_timestamp(type_):
+        data = np.full(n, value, dtype=np.int32 if type_.bit_width == 32 else np.int64)
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(data)], null_count=0)
+    return column([value] * n, type_)
 
 
 def column(values: Sequence, type_: pa.DataType) -> pa.Array:

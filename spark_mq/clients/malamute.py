@@ -21,6 +21,7 @@ Received messages are the codec's ``StreamDeliver``, ``MailboxDeliver``, ``Servi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -479,6 +480,20 @@ class MalamuteClient(_Status):
             sock.close(0)
 
 
+def _into(delivery, body: bytearray):
+    """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
+    content frames copied into ``body``, ``(start, stop)`` in their place."""
+    content = getattr(delivery, "content", None)
+    if not content:
+        return delivery
+    spans = []
+    for frame in content:
+        start = len(body)
+        body += frame
+        spans.append((start, len(body)))
+    return dataclasses.replace(delivery, content=spans)
+
+
 class MalamuteReceiver(_Status):
     """A Malamute client for one consuming thread, driven by that thread: no IO thread, no pyzmq.
 
@@ -557,22 +572,28 @@ class MalamuteReceiver(_Status):
         """Round trip to the broker (deliveries read meanwhile are kept for ``poll``)."""
         self._request(self._proto.ping(), "CONNECTION-PING", timeout)
 
-    def poll(self, max_count: int, timeout: float, gap: float = 0.001) -> list:
+    def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[bytearray] = None,
+             max_bytes: int = 1 << 62) -> list:
         """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
-        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none."""
+        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none.
+
+        With ``body`` (an empty ``bytearray``), each delivery's ``content`` frames are copied into it
+        as they come off the socket and ``content`` holds their ``(start, stop)`` there instead of
+        ``bytes`` (a source builds its body column over ``body`` without another copy); no more
+        deliveries are taken once it holds ``max_bytes`` (the last may take it up to one read past)."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
             out: list = []
             held = self._held
             while held and len(out) < max_count:
-                out.append(held.popleft())
+                out.append(_into(held.popleft(), body) if body is not None else held.popleft())
             clock = time.monotonic
             deadline = clock() + timeout
             waited = False
             while True:
-                got = self._read(out, max_count)
-                if len(out) >= max_count:
+                got = self._read(out, max_count, body, max_bytes)
+                if len(out) >= max_count or (body is not None and len(body) >= max_bytes):
                     return out
                 now = clock()
                 if now >= deadline or (out and waited and not got):
@@ -645,14 +666,15 @@ class MalamuteReceiver(_Status):
         finally:
             self._awaited.discard(token)
 
-    def _read(self, out: list, max_count: int) -> int:
-        """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out``; act on
-        the rest; run the clock. Returns how many deliveries it added."""
+    def _read(self, out: list, max_count: int, body: Optional[bytearray] = None, max_bytes: int = 1 << 62) -> int:
+        """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out`` (their
+        content in ``body`` if given, up to about ``max_bytes`` there); act on the rest; run the
+        clock. Returns how many deliveries it added."""
         wire, receive = self._wire, self._proto.receive
         now = time.monotonic()
         before = len(out)
-        while len(out) < max_count:
-            batch = wire.read(max_count - len(out))
+        while len(out) < max_count and (body is None or len(body) < max_bytes):
+            batch = wire.read(max_count - len(out), body, max_bytes)
             if not batch:
                 break
             for frames in batch:

@@ -5,7 +5,8 @@ READY command and its properties: ``Socket-Type``, ``Identity``), framing (flags
 sizes, MORE, COMMAND) in both directions, the few commands a NULL connection carries afterwards
 (ZMTP 3.1's PING is answered with PONG; ERROR ends the connection), and the receive buffer: a
 preallocated ``bytearray`` the driver receives into (``buffer()`` then ``received(n)``), parsed in
-place by offsets, whole messages taken out as lists of ``bytes`` frames, the rest left for later.
+place by offsets, whole messages taken out as lists of ``bytes`` frames (or, for the frames after
+a message's first, copied into one buffer the caller gives), the rest left for later.
 Not responsible for sockets, reconnecting or time (``spark_mq.transport.zmtp``), nor for what the
 frames mean (the Malamute codec).
 
@@ -107,6 +108,36 @@ def _parse_properties(data: bytes) -> dict:
     return props
 
 
+def _detach(frames: list, body: bytearray) -> None:
+    """A message left incomplete by ``messages(..., body)`` holds ``bytes`` only: its frames taken
+    into ``body`` (its last bytes there) come back out, so that the next call, with another buffer
+    or none, completes a message whose frames all still exist."""
+    cut = None
+    for i, frame in enumerate(frames):
+        if type(frame) is tuple:
+            start, stop = frame
+            if cut is None:
+                cut = start
+            frames[i] = bytes(body[start:stop])
+    if cut is not None:
+        del body[cut:]
+
+
+def _relay(frames: list, body: bytearray) -> None:
+    """A message completed by ``messages(..., body)`` whose first frames came as ``bytes`` (the
+    message was incomplete at the end of an earlier call): its content frames laid into ``body`` in
+    their order, so that the buffer holds every message's content one after the other. The frames
+    of this call are the last bytes of ``body``."""
+    cut = next((f[0] for f in frames if type(f) is tuple), len(body))
+    tail = bytes(body[cut:])
+    del body[cut:]
+    for i in range(1, len(frames)):
+        frame = frames[i]
+        start = len(body)
+        body += frame if type(frame) is bytes else tail[frame[0] - cut:frame[1] - cut]
+        frames[i] = (start, len(body))
+
+
 class ZmtpConnection:
     """One ZMTP 3.0 connection over NULL security, seen from the peer that connected.
 
@@ -133,6 +164,7 @@ class ZmtpConnection:
         self._fill = 0     # end of the bytes received
         self._need = 0     # bytes from _pos the next frame needs whole (0: unknown)
         self._frames: list = []  # frames of a message whose last frame has not arrived yet
+        self._held_bytes = False  # ... and they are ``bytes`` (a body buffer gets them when it completes)
         self._out = bytearray(_greeting())
         self._out += encode_command(b"READY", encode_properties({b"Socket-Type": socket_type, b"Identity": identity}))
 
@@ -187,9 +219,15 @@ class ZmtpConnection:
             raise LocalProtocolError(f"received({count}) beyond the buffer given")
         self._fill += count
 
-    def messages(self, out: list, max_count: int) -> int:
+    def messages(self, out: list, max_count: int, body: Optional[bytearray] = None) -> int:
         """Append up to ``max_count`` whole messages (lists of ``bytes`` frames) to ``out``; returns
-        how many. Raises ``RemoteProtocolError`` when the peer broke the protocol."""
+        how many. Raises ``RemoteProtocolError`` when the peer broke the protocol.
+
+        With ``body``, every frame after a message's first is appended to that ``bytearray``
+        instead of becoming ``bytes``, and stands in the message as its ``(start, stop)`` there: one
+        copy out of the receive buffer into a buffer the caller can hand to Arrow whole (a Malamute
+        delivery's first frame is its header, the rest its content). The spans of the messages one
+        call returns follow each other in ``body`` from where it stood, in order."""
         if self.phase is not Phase.READY:
             self._handshake()
             if self.phase is not Phase.READY:
@@ -197,6 +235,7 @@ class ZmtpConnection:
         buf, view, fill = self._buf, self._view, self._fill
         pos = self._pos
         frames = self._frames
+        relay = self._held_bytes and body is not None
         count = need = 0
         try:
             while count < max_count:
@@ -223,14 +262,25 @@ class ZmtpConnection:
                     self._command(flags, bytes(view[start:stop]))
                     pos = stop
                     continue
-                frames.append(view[start:stop].tobytes())
+                if body is not None and frames:
+                    at = len(body)
+                    body += view[start:stop]
+                    frames.append((at, at + size))
+                else:
+                    frames.append(view[start:stop].tobytes())
                 pos = stop
                 if not flags & _MORE:
+                    if relay:  # begun in an earlier call: its first frames are bytes
+                        _relay(frames, body)
+                        relay = False
                     out.append(frames)
                     frames = self._frames = []
                     count += 1
         finally:
             self._need = need
+            if body is not None and frames:
+                _detach(frames, body)
+            self._held_bytes = bool(frames)
             if pos == fill:  # all taken: the next read starts at the buffer's start
                 self._pos = self._fill = 0
             else:

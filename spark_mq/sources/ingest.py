@@ -19,6 +19,10 @@ when the connection fails, and the loop replaces it. Its interface::
     poll(max_count, timeout) -> list        raw messages (waits up to timeout for the first, then
                                              gathers for up to timeout in total)
     row(msg, offset, now_us) -> tuple        the message in schema column order
+    poll_batch(max_count, timeout, offset)   optional, for a consumer with no acks and no redeliveries
+        -> (count, RecordBatch | None)       (Malamute): ``poll`` with the group's record batch built
+                                             by the consumer, offsets from ``offset``; used instead
+                                             of ``poll`` and ``row`` where present
     stable_ids: bool                         message ids identify a message across sessions (else: content)
     ack(msgs)                                durable: acknowledge these (after the fsync)
     ack_commit(token)                        commit: cumulative ack of ``token`` inside a transaction
@@ -436,11 +440,21 @@ class Ingest:
         # At most one group waits for its fsync while the next is gathered: with acks, a group is at
         # most half the prefetch, so the broker can send the next one before this one's ack.
         self._settle(keep=1)
-        msgs = consumer.poll(self._group_count, max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0)))
+        wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
+        poll_batch = getattr(consumer, "poll_batch", None)
+        if poll_batch is not None:  # the consumer builds the group's batch itself (Malamute: no acks)
+            count, batch = poll_batch(self._group_count, wait, self.log.head)
+            if not count:
+                self._nothing_came(consumer)
+                return
+            self.last_message = time.monotonic()
+            self.consumed += count
+            self._durable_later(self._append([batch], count), None)
+            self._maybe_fix_target(consumer, quiet_ok=False)
+            return
+        msgs = consumer.poll(self._group_count, wait)
         if not msgs:
-            self._settle(keep=0)  # nothing more came: what came before is acknowledged now
-            self.first_poll_done = True
-            self._maybe_fix_target(consumer, quiet_ok=True)
+            self._nothing_came(consumer)
             return
         now = time.monotonic()
         self.last_message = now
@@ -473,23 +487,10 @@ class Ingest:
                 kept_tokens.append((offset, msg))
                 offset += 1
         if rows:
-            head = self.log.head
-            try:
-                for chunk in self._chunks(rows):
-                    new_head = self.log.append(S.build_batch(self.fmt, chunk))
-                if self._flusher is None:
-                    self.log.sync()
-            except OSError as exc:
-                raise self._write_error(exc) from exc
-            self._size_groups(self.log.body_bytes(head, new_head), len(rows))
+            new_head = self._append((S.build_batch(self.fmt, chunk) for chunk in self._chunks(rows)), len(rows))
         else:
             new_head = self.log.head
-        # acknowledgements, once the group is durable (durable mode: when its fsync has returned)
-        self._unsynced.append((new_head, self._generation, msgs if self.ack_mode == "durable" else None))
-        if self._flusher is not None:
-            self._flusher.request(new_head)
-        else:
-            self._settle(keep=0)
+        self._durable_later(new_head, msgs if self.ack_mode == "durable" else None)
         if self.ack_mode == "commit":
             with self._consumer_lock:
                 gen = self._generation
@@ -498,6 +499,34 @@ class Ingest:
                     # Spark commits past everything before it
                     self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
         self._maybe_fix_target(consumer, quiet_ok=False)
+
+    def _nothing_came(self, consumer) -> None:
+        self._settle(keep=0)  # nothing more came: what came before is acknowledged now
+        self.first_poll_done = True
+        self._maybe_fix_target(consumer, quiet_ok=True)
+
+    def _append(self, batches, count: int) -> int:
+        """Append a group's ``count`` messages (``batches``) to the log (and fsync it here when no
+        thread does); size the next group from it. Returns the log's head after it."""
+        head = new_head = self.log.head
+        try:
+            for batch in batches:
+                new_head = self.log.append(batch)
+            if self._flusher is None:
+                self.log.sync()
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        self._size_groups(self.log.body_bytes(head, new_head), count)
+        return new_head
+
+    def _durable_later(self, new_head: int, msgs) -> None:
+        """The group up to ``new_head`` waits for its fsync; ``msgs`` are acknowledged once it is
+        durable (None: nothing to acknowledge)."""
+        self._unsynced.append((new_head, self._generation, msgs))
+        if self._flusher is not None:
+            self._flusher.request(new_head)
+        else:
+            self._settle(keep=0)
 
     def _write_error(self, exc: BaseException) -> LogWriteError:
         # not a broker problem: reconnecting would take the same messages again, and the identities

@@ -137,8 +137,10 @@ class ZmtpDealer:
             self._flush()
         return True
 
-    def read(self, max_count: int) -> list:
-        """Up to ``max_count`` whole messages that have arrived (lists of ``bytes``), without waiting."""
+    def read(self, max_count: int, body: Optional[bytearray] = None, max_bytes: int = 1 << 62) -> list:
+        """Up to ``max_count`` whole messages that have arrived (lists of ``bytes``), without waiting;
+        with ``body``, frames after a message's first go there (``ZmtpConnection.messages``), and
+        reading stops once it holds ``max_bytes`` (past it by at most what one read parsed)."""
         out: list = []
         if self.state is not State.CONNECTED:
             self._progress(time.monotonic())
@@ -146,8 +148,8 @@ class ZmtpDealer:
                 return out
         conn = self._conn
         try:
-            conn.messages(out, max_count)
-            while len(out) < max_count:
+            conn.messages(out, max_count, body)
+            while len(out) < max_count and (body is None or len(body) < max_bytes):
                 view = conn.buffer()
                 try:
                     got = self._sock.recv_into(view)
@@ -160,7 +162,7 @@ class ZmtpDealer:
                     break
                 conn.received(got)
                 was_ready = conn.phase is Phase.READY
-                conn.messages(out, max_count - len(out))
+                conn.messages(out, max_count - len(out), body)
                 if not was_ready and conn.phase is Phase.READY:
                     self.connections += 1
                     self.last_error = None

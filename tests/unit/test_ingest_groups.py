@@ -342,3 +342,39 @@ def test_an_fsync_failure_at_stop_is_an_error_not_a_redelivery(tmp_path, monkeyp
     monkeypatch.undo()
     ing._flusher.close()
     ing.stop()
+
+
+def test_a_consumer_that_builds_its_batch_is_appended_whole_from_the_log_head(tmp_path):
+    """``poll_batch`` (Malamute's columnar groups): the ingest asks for the group at the log's head
+    and appends the batch as built, counts it, and sizes the next group from it; ``poll`` and
+    ``row`` are not used."""
+    from spark_mq import schema as S
+
+    asked = []
+
+    class Columnar(_FakeConsumer):
+        def __init__(self, groups):
+            super().__init__([])
+            self.groups = groups
+
+        def poll(self, max_count, timeout):
+            raise AssertionError("poll is not used when poll_batch exists")
+
+        def poll_batch(self, max_count, timeout, offset):
+            asked.append((max_count, offset))
+            if not self.groups:
+                return 0, None
+            bodies = self.groups.pop(0)
+            return len(bodies), S.build_batch("malamute", [
+                (b, "m", None, 0, None, False, offset + i, "s", "m", "", "", None) for i, b in enumerate(bodies)])
+
+    ing = _ingest(tmp_path, fsync="false")
+    ing._consumer = Columnar([[b"a" * 4096] * 3, [b"b" * 4096] * 2])
+    ing._step()
+    ing._step()
+    ing._step()  # nothing more: first_poll_done
+    assert [offset for _, offset in asked] == [0, 3, 5]
+    assert asked[0][0] == 20_000 and asked[1][0] == 256  # the second group sized from the first's bodies
+    assert ing.consumed == 5 and ing.log.head == 5 and ing.first_poll_done
+    assert [x for b in ing.log.read(0, 5) for x in b.column("body").to_pylist()] == [b"a" * 4096] * 3 + [b"b" * 4096] * 2
+    ing.log.close()

@@ -453,3 +453,83 @@ def test_fuzz_mutated_valid_streams():
                 del data[at:at + rng.randint(1, 10)]
         data = bytes(data)
         assert outcome(data, None) == outcome(data, random_sizes(seed, 16)), seed
+
+
+# -- content frames into a caller's buffer (messages(..., body)) ------------------------------------
+
+
+def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
+    """As ``feed``, taking messages out after each chunk with ``body`` buffers: a new ``bytearray``
+    per call, kept in ``bodies`` (each call's spans point into its own)."""
+    out: list = []
+    data, pos = memoryview(data), 0
+    sizes = iter(sizes) if sizes is not None else None
+    while pos < len(data):
+        view = conn.buffer()
+        n = min(len(view), len(data) - pos, next(sizes) if sizes is not None else len(view))
+        view[:n] = data[pos:pos + n]
+        view.release()
+        conn.received(n)
+        pos += n
+        body = bytearray()
+        got: list = []
+        conn.messages(got, ALL, body)
+        out.extend((m, body) for m in got)
+        bodies.append(body)
+    return out
+
+
+def resolved(taken: list) -> list:
+    """Messages taken with body buffers, their spans read back as bytes."""
+    return [[f if isinstance(f, bytes) else bytes(body[f[0]:f[1]]) for f in m] for m, body in taken]
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+def test_content_frames_into_a_body_buffer_come_out_the_same(chunking):
+    """The first frame stays bytes, the others are (start, stop) in the body buffer; read back,
+    the messages equal those of the plain parse, however the stream is cut (a message left
+    incomplete at the end of one call is completed by the next, with another buffer)."""
+    msgs = [[b"h%d" % i] + [bytes([i % 251]) * (i * 37 % 700) for _ in range(i % 4)] for i in range(300)]
+    msgs.append([b"h", b"x" * 70_000, b""])
+    conn = ZmtpConnection()
+    bodies: list = []
+    taken = feed_body(conn, peer(*msgs), CHUNKINGS[chunking](), bodies)
+    assert resolved(taken) == msgs
+    assert all(isinstance(m[0], bytes) for m, _ in taken)
+    assert all(isinstance(f, tuple) for m, _ in taken for f in m[1:]), "every content frame is a span"
+    # the spans of each call tile its buffer in order, nothing else in it: a message begun in an
+    # earlier call is laid in whole when it completes, and one left incomplete leaves the buffer
+    for body in bodies:
+        own = [f for m, b in taken if b is body for f in m[1:]]
+        assert [a for a, _ in own] == ([0] + [z for _, z in own[:-1]] if own else [])
+        assert (own[-1][1] if own else 0) == len(body)
+
+
+def test_a_message_left_incomplete_holds_bytes_only_and_leaves_the_buffer():
+    """Frames of an unfinished message taken into the body buffer are given back as bytes (the
+    buffer cut back), so a call without a buffer completes it."""
+    wire = message(b"head", b"one", b"two")
+    conn = ZmtpConnection()
+    feed(conn, peer() + message(b"h0", b"done") + wire[:-1])
+    body = bytearray()
+    out: list = []
+    assert conn.messages(out, ALL, body) == 1
+    assert out == [[b"h0", (0, 4)]] and bytes(body) == b"done"
+    feed(conn, wire[-1:])
+    assert conn.messages(out, ALL) == 1
+    assert out[1] == [b"head", b"one", b"two"]
+
+
+def test_a_message_completed_into_a_body_buffer_is_laid_in_whole():
+    """Begun in one call (its first frames given back as bytes), completed in the next with a new
+    buffer: all its content frames are spans there, in order, after a message before it."""
+    wire = message(b"head", b"one", b"two")
+    conn = ZmtpConnection()
+    feed(conn, peer() + wire[:-1])
+    out: list = []
+    assert conn.messages(out, ALL, bytearray()) == 0
+    feed(conn, wire[-1:] + message(b"h2", b"three"))
+    body = bytearray(b"held")  # what the buffer held before the call stays in front
+    assert conn.messages(out, ALL, body) == 2
+    assert out == [[b"head", (4, 7), (7, 10)], [b"h2", (10, 15)]]
+    assert bytes(body) == b"heldonetwothree"

@@ -1,0 +1,86 @@
+"""The Malamute source's columnar groups: ``deliveries_batch`` over a body buffer equals
+``build_batch`` of the same deliveries' rows, and ``arrowcols.binary_spans`` builds over the
+buffer without a copy exactly when the spans tile it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from spark_mq import arrowcols as A
+from spark_mq import schema as S
+from spark_mq.clients.malamute import _into
+from spark_mq.protocol.malamute import codec
+from spark_mq.sources.malamute import MalamuteConsumer, deliveries_batch
+
+
+def with_spans(deliveries: list) -> tuple[list, bytearray]:
+    """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns them, and the body buffer."""
+    body = bytearray()
+    return [_into(d, body) for d in deliveries], body
+
+
+def rows_of(deliveries: list, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
+    consumer = MalamuteConsumer.__new__(MalamuteConsumer)  # row() needs only the destination
+    consumer.destination = destination
+    return S.build_batch("malamute", [consumer.row(d, offset + i, now_us) for i, d in enumerate(deliveries)])
+
+
+CASES = {
+    "single frames, one sender": [codec.MailboxDeliver("s", "box", "subj", "", [b"x" * (i * 13 % 5000)])
+                                  for i in range(300)],
+    "trackers and senders vary": [codec.MailboxDeliver(f"s{i % 3}", "box", f"t{i}", f"tr{i}" if i % 2 else "",
+                                                       [bytes([i % 256]) * 7]) for i in range(50)],
+    "stream deliveries (no tracker)": [codec.StreamDeliver("weather", "p", "temp.é", [b"21.5"]),
+                                       codec.StreamDeliver("weather", "p", "temp", [b""])],
+    "multi-frame and empty content": [codec.ServiceDeliver("c", "svc", "do", "t1", [b"a", b"bb", b"ccc"]),
+                                      codec.ServiceDeliver("c", "svc", "do", "", []),
+                                      codec.ServiceDeliver("c", "svc", "do", "", [b"one"]),
+                                      codec.ServiceDeliver("c", "svc", "do", "t2", [b"", b"z"])],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_columns_equal_the_rows_batch(case):
+    deliveries = CASES[case]
+    taken, body = with_spans(deliveries)
+    got = deliveries_batch(taken, body, "dest", 1000, 1_700_000_000_123_456)
+    want = rows_of(deliveries, "dest", 1000, 1_700_000_000_123_456)
+    assert got.schema.equals(S.source_arrow_schema("malamute"))
+    got.validate(full=True)
+    assert got.equals(want), (got.to_pylist()[:3], want.to_pylist()[:3])
+    # and through the log's format: the same bytes back
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, got.schema) as w:
+        w.write_batch(got)
+    assert pa.ipc.open_stream(sink.getvalue()).read_next_batch().equals(want)
+
+
+def test_single_frame_bodies_are_built_over_the_buffer_itself():
+    taken, body = with_spans([codec.MailboxDeliver("s", "b", "", "", [b"abc"]),
+                              codec.MailboxDeliver("s", "b", "", "", [b"de"])])
+    col = deliveries_batch(taken, body, "b", 0, 0).column(0)
+    assert col.buffers()[2].address == pa.py_buffer(body).address  # no copy
+    assert col.to_pylist() == [b"abc", b"de"]
+    with pytest.raises(BufferError):
+        body += b"more"  # held by the column: the buffer cannot move under it
+
+
+def test_binary_spans_gathers_when_the_spans_do_not_tile_the_buffer():
+    data = bytearray(b"0123456789")
+    col = A.binary_spans(data, [(2, 4), (0, 1), (4, 4), (8, 10)])
+    assert col.to_pylist() == [b"23", b"0", b"", b"89"]
+    assert col.buffers()[2].address != pa.py_buffer(bytes(data)).address
+    data[0:1] = b"X"  # a gathered column does not hold the buffer
+    assert col.to_pylist()[1] == b"0"
+
+
+def test_binary_spans_of_nothing_is_empty():
+    assert A.binary_spans(bytearray(), []).to_pylist() == []
+
+
+@pytest.mark.parametrize("value, type_", [("dest", pa.string()), (17, pa.int64()), (5, pa.int32()),
+                                           (False, pa.bool_()), (1_700_000_000_000_000, pa.timestamp("us", "UTC")),
+                                           (None, pa.string())])
+def test_repeated_equals_the_column_of_the_values(value, type_):
+    assert A.repeated(value, 5, type_).equals(A.column([value] * 5, type_))
