@@ -12,8 +12,9 @@ client (``bench.bench_sources``'s) consuming and acknowledging them; preload N a
 ``Ingest`` built as the stream reader builds it (default source options, a fresh ``logLocation``)
 from its start until all N are durable in the log, committing what is durable as it goes (as if
 Spark read every batch at once: the log never reaches its bound). The ingest thread's time is split
-into ``poll`` (the client handing over deliveries, waiting for them included), ``append`` (Arrow
-IPC written to the segment), ``fsync`` and the rest (rows, Arrow batches, dedup, acks). CPU seconds
+into ``poll`` (the client handing over deliveries, waiting for them included; for Malamute, its
+receiver copying the bodies into the group's buffer), ``append`` (Arrow IPC written to the
+segment), ``fsync`` and the rest (rows or columns, Arrow batches, dedup, acks). CPU seconds
 are per process, as in ``bench sources``: here the ingest runs in the benchmark's own process
 ("driver"), beside the client's IO thread.
 
@@ -93,7 +94,10 @@ def ingest_run(fmt: str, options: dict, n: int) -> dict:
 
     def connect(attempt):
         consumer = connect_consumer(opts, attempt)
-        stages.wrap(consumer, "poll", "poll")
+        if hasattr(consumer, "poll_batch"):  # Malamute: the client's poll; building the batch is "rest"
+            stages.wrap(consumer.client, "poll", "poll")
+        else:
+            stages.wrap(consumer, "poll", "poll")
         return consumer
 
     ing = None

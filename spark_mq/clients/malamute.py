@@ -42,6 +42,7 @@ from spark_mq.protocol.malamute.client import (
 )
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
 from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
+from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.transport.zmtp import ZmtpDealer
 
 log = logging.getLogger("spark_mq.clients.malamute")
@@ -480,18 +481,13 @@ class MalamuteClient(_Status):
             sock.close(0)
 
 
-def _into(delivery, body: bytearray):
+def _into(delivery, body: BodyBuffer):
     """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
     content frames copied into ``body``, ``(start, stop)`` in their place."""
     content = getattr(delivery, "content", None)
     if not content:
         return delivery
-    spans = []
-    for frame in content:
-        start = len(body)
-        body += frame
-        spans.append((start, len(body)))
-    return dataclasses.replace(delivery, content=spans)
+    return dataclasses.replace(delivery, content=[body.append(frame) for frame in content])
 
 
 class MalamuteReceiver(_Status):
@@ -572,15 +568,16 @@ class MalamuteReceiver(_Status):
         """Round trip to the broker (deliveries read meanwhile are kept for ``poll``)."""
         self._request(self._proto.ping(), "CONNECTION-PING", timeout)
 
-    def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[bytearray] = None,
+    def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[BodyBuffer] = None,
              max_bytes: int = 1 << 62) -> list:
         """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
         what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none.
 
-        With ``body`` (an empty ``bytearray``), each delivery's ``content`` frames are copied into it
-        as they come off the socket and ``content`` holds their ``(start, stop)`` there instead of
-        ``bytes`` (a source builds its body column over ``body`` without another copy); no more
-        deliveries are taken once it holds ``max_bytes`` (the last may take it up to one read past)."""
+        With ``body`` (a ``BodyBuffer``), each delivery's ``content`` frames are copied into it as
+        they come off the socket, after what it holds, and ``content`` holds their ``(start, stop)``
+        there instead of ``bytes`` (a source builds its body column over it without another copy);
+        no more deliveries are taken once it holds ``max_bytes`` (the last read may pass that by
+        what it parsed)."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
@@ -593,7 +590,7 @@ class MalamuteReceiver(_Status):
             waited = False
             while True:
                 got = self._read(out, max_count, body, max_bytes)
-                if len(out) >= max_count or (body is not None and len(body) >= max_bytes):
+                if len(out) >= max_count or (body is not None and body.fill >= max_bytes):
                     return out
                 now = clock()
                 if now >= deadline or (out and waited and not got):
@@ -666,14 +663,14 @@ class MalamuteReceiver(_Status):
         finally:
             self._awaited.discard(token)
 
-    def _read(self, out: list, max_count: int, body: Optional[bytearray] = None, max_bytes: int = 1 << 62) -> int:
+    def _read(self, out: list, max_count: int, body: Optional[BodyBuffer] = None, max_bytes: int = 1 << 62) -> int:
         """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out`` (their
         content in ``body`` if given, up to about ``max_bytes`` there); act on the rest; run the
         clock. Returns how many deliveries it added."""
         wire, receive = self._wire, self._proto.receive
         now = time.monotonic()
         before = len(out)
-        while len(out) < max_count and (body is None or len(body) < max_bytes):
+        while len(out) < max_count and (body is None or body.fill < max_bytes):
             batch = wire.read(max_count - len(out), body, max_bytes)
             if not batch:
                 break

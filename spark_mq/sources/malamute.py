@@ -29,6 +29,7 @@ from spark_mq import arrowcols as A
 from spark_mq import schema as S
 from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
+from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.base import MQDataSource
 from spark_mq.sources.connect import connect_malamute
 
@@ -38,6 +39,7 @@ _DRAIN_WAIT = 0.001  # seconds without a delivery that end the gathering of a gr
 # bodies gathered into one group (one record batch) at most, whatever the group's count: far below
 # Arrow's 2 GiB per binary column (the last read may pass it by one receive buffer or one frame)
 _GROUP_BYTES_MAX = 256 << 20
+_BODY_KEEP = 64 << 20  # a body buffer larger than this is kept only while groups use a quarter of it
 
 
 def validate(opts: Options) -> None:
@@ -70,6 +72,7 @@ class MalamuteConsumer:
         # more to answer on this connection (the client re-opens by itself when it does: a broker
         # restart costs nothing) before the connection is given up and the next endpoint tried.
         self._give_up = opts.get("connectTimeout") or 10.0
+        self._body = None  # the BodyBuffer groups are received into (reused)
         self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver)
         try:
             if opts.get("stream"):
@@ -102,12 +105,32 @@ class MalamuteConsumer:
         record batch)`` with offsets from ``offset``, or ``(0, None)``. Every body is copied once out
         of the receive buffer, into the buffer the body column is built over; no ``bytes``, no row
         tuple per message (``bench/bench_ingest.py``)."""
-        body = bytearray()
+        body = self._body_buffer()
         msgs = self.client.poll(max_count, timeout, _DRAIN_WAIT, body, _GROUP_BYTES_MAX)
         if not msgs:
             self._check_lost()
             return 0, None
-        return len(msgs), deliveries_batch(msgs, body, self.destination, offset, int(time.time() * 1_000_000))
+        return len(msgs), deliveries_batch(msgs, memoryview(body.data)[:body.fill], self.destination, offset,
+                                           int(time.time() * 1_000_000))
+
+    def _body_buffer(self) -> BodyBuffer:
+        """The buffer for the next group: the last one's, emptied, unless a column built over it is
+        still alive (then a new one: the old one stays with its column). A buffer grown far past
+        what groups take (one large group) is let go."""
+        body = self._body
+        if body is not None:
+            try:
+                body.data.append(0)  # a bytearray whose memory a column holds cannot be resized
+                body.data.pop()
+            except BufferError:
+                body = None
+            else:
+                if len(body.data) > _BODY_KEEP and body.fill < len(body.data) // 4:
+                    body = None
+        if body is None:
+            body = self._body = BodyBuffer()
+        body.fill = 0
+        return body
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         frames = msg.content  # a list of bytes (the client receives every frame as bytes)
@@ -146,9 +169,10 @@ class MalamuteConsumer:
         self.client.close(timeout=1.0)
 
 
-def deliveries_batch(msgs: list, body: bytearray, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
-    """The source's record batch of deliveries taken by ``MalamuteReceiver.poll(..., body)``: equal
-    to ``build_batch`` of their ``row``s (a unit test holds them to it), built by columns."""
+def deliveries_batch(msgs: list, body, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
+    """The source's record batch of deliveries taken by ``MalamuteReceiver.poll(..., body)``, with
+    ``body`` the bytes the buffer holds (``memoryview(buffer.data)[:buffer.fill]``): equal to
+    ``build_batch`` of their ``row``s (a unit test holds them to it), built by columns."""
     n = len(msgs)
     schema = S.source_arrow_schema("malamute")
     types = schema.types

@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Optional, Sequence
 
 from spark_mq.errors import ConnectionClosedError, RemoteProtocolError
-from spark_mq.protocol.zmtp import DEFAULT_BUFFER, Phase, ZmtpConnection, encode_message
+from spark_mq.protocol.zmtp import DEFAULT_BUFFER, BodyBuffer, Phase, ZmtpConnection, encode_message
 
 log = logging.getLogger("spark_mq.transport.zmtp")
 
@@ -137,7 +137,7 @@ class ZmtpDealer:
             self._flush()
         return True
 
-    def read(self, max_count: int, body: Optional[bytearray] = None, max_bytes: int = 1 << 62) -> list:
+    def read(self, max_count: int, body: Optional[BodyBuffer] = None, max_bytes: int = 1 << 62) -> list:
         """Up to ``max_count`` whole messages that have arrived (lists of ``bytes``), without waiting;
         with ``body``, frames after a message's first go there (``ZmtpConnection.messages``), and
         reading stops once it holds ``max_bytes`` (past it by at most what one read parsed)."""
@@ -149,7 +149,7 @@ class ZmtpDealer:
         conn = self._conn
         try:
             conn.messages(out, max_count, body)
-            while len(out) < max_count and (body is None or len(body) < max_bytes):
+            while len(out) < max_count and (body is None or body.fill < max_bytes):
                 view = conn.buffer()
                 try:
                     got = self._sock.recv_into(view)

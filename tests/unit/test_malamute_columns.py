@@ -11,13 +11,16 @@ from spark_mq import arrowcols as A
 from spark_mq import schema as S
 from spark_mq.clients.malamute import _into
 from spark_mq.protocol.malamute import codec
+from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.malamute import MalamuteConsumer, deliveries_batch
 
 
-def with_spans(deliveries: list) -> tuple[list, bytearray]:
-    """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns them, and the body buffer."""
-    body = bytearray()
-    return [_into(d, body) for d in deliveries], body
+def with_spans(deliveries: list) -> tuple[list, memoryview]:
+    """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns them, and the bytes of the
+    body buffer they were taken into (a reused one, larger than what they fill)."""
+    body = BodyBuffer(1 << 16)
+    taken = [_into(d, body) for d in deliveries]
+    return taken, memoryview(body.data)[:body.fill]
 
 
 def rows_of(deliveries: list, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
@@ -63,7 +66,7 @@ def test_single_frame_bodies_are_built_over_the_buffer_itself():
     assert col.buffers()[2].address == pa.py_buffer(body).address  # no copy
     assert col.to_pylist() == [b"abc", b"de"]
     with pytest.raises(BufferError):
-        body += b"more"  # held by the column: the buffer cannot move under it
+        body.obj.append(0)  # held by the column: the buffer cannot move under it
 
 
 def test_binary_spans_gathers_when_the_spans_do_not_tile_the_buffer():
@@ -84,3 +87,33 @@ def test_binary_spans_of_nothing_is_empty():
                                            (None, pa.string())])
 def test_repeated_equals_the_column_of_the_values(value, type_):
     assert A.repeated(value, 5, type_).equals(A.column([value] * 5, type_))
+
+
+def test_the_body_buffer_is_reused_unless_a_column_still_holds_it():
+    consumer = MalamuteConsumer.__new__(MalamuteConsumer)
+    consumer._body = None
+    first = consumer._body_buffer()
+    first.append(b"x" * 1000)
+    assert consumer._body_buffer() is first and first.fill == 0  # nothing holds it: reused, emptied
+    first.append(b"abc")
+    taken = [codec.MailboxDeliver("s", "b", "", "", [(0, 3)])]
+    batch = deliveries_batch(taken, memoryview(first.data)[:first.fill], "b", 0, 0)
+    second = consumer._body_buffer()
+    assert second is not first  # the batch's body column is over ``first``: it must not be overwritten
+    second.append(b"zzz")
+    assert batch.column(0).to_pylist() == [b"abc"]
+    del batch
+    assert consumer._body_buffer() is second
+
+
+def test_a_body_buffer_grown_far_past_what_groups_take_is_let_go(monkeypatch):
+    import spark_mq.sources.malamute as M
+
+    monkeypatch.setattr(M, "_BODY_KEEP", 1000)
+    consumer = MalamuteConsumer.__new__(MalamuteConsumer)
+    consumer._body = None
+    big = consumer._body_buffer()
+    big.append(b"x" * 5000)
+    assert consumer._body_buffer() is big  # the group that grew it filled it
+    big.append(b"x" * 100)
+    assert consumer._body_buffer() is not big  # a quarter or less used: a fresh one

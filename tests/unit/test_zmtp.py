@@ -17,6 +17,7 @@ from spark_mq.protocol.zmtp import (
     DEFAULT_BUFFER,
     GREETING_SIZE,
     SIGNATURE,
+    BodyBuffer,
     Phase,
     ZmtpConnection,
     encode_command,
@@ -459,7 +460,7 @@ def test_fuzz_mutated_valid_streams():
 
 
 def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
-    """As ``feed``, taking messages out after each chunk with ``body`` buffers: a new ``bytearray``
+    """As ``feed``, taking messages out after each chunk with ``body`` buffers: a new ``BodyBuffer``
     per call, kept in ``bodies`` (each call's spans point into its own)."""
     out: list = []
     data, pos = memoryview(data), 0
@@ -471,7 +472,7 @@ def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
         view.release()
         conn.received(n)
         pos += n
-        body = bytearray()
+        body = BodyBuffer()
         got: list = []
         conn.messages(got, ALL, body)
         out.extend((m, body) for m in got)
@@ -481,7 +482,7 @@ def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
 
 def resolved(taken: list) -> list:
     """Messages taken with body buffers, their spans read back as bytes."""
-    return [[f if isinstance(f, bytes) else bytes(body[f[0]:f[1]]) for f in m] for m, body in taken]
+    return [[f if isinstance(f, bytes) else bytes(body.data[f[0]:f[1]]) for f in m] for m, body in taken]
 
 
 @pytest.mark.parametrize("chunking", list(CHUNKINGS))
@@ -502,7 +503,7 @@ def test_content_frames_into_a_body_buffer_come_out_the_same(chunking):
     for body in bodies:
         own = [f for m, b in taken if b is body for f in m[1:]]
         assert [a for a, _ in own] == ([0] + [z for _, z in own[:-1]] if own else [])
-        assert (own[-1][1] if own else 0) == len(body)
+        assert (own[-1][1] if own else 0) == body.fill
 
 
 def test_a_message_left_incomplete_holds_bytes_only_and_leaves_the_buffer():
@@ -511,7 +512,7 @@ def test_a_message_left_incomplete_holds_bytes_only_and_leaves_the_buffer():
     wire = message(b"head", b"one", b"two")
     conn = ZmtpConnection()
     feed(conn, peer() + message(b"h0", b"done") + wire[:-1])
-    body = bytearray()
+    body = BodyBuffer()
     out: list = []
     assert conn.messages(out, ALL, body) == 1
     assert out == [[b"h0", (0, 4)]] and bytes(body) == b"done"
@@ -527,9 +528,10 @@ def test_a_message_completed_into_a_body_buffer_is_laid_in_whole():
     conn = ZmtpConnection()
     feed(conn, peer() + wire[:-1])
     out: list = []
-    assert conn.messages(out, ALL, bytearray()) == 0
+    assert conn.messages(out, ALL, BodyBuffer()) == 0
     feed(conn, wire[-1:] + message(b"h2", b"three"))
-    body = bytearray(b"held")  # what the buffer held before the call stays in front
+    body = BodyBuffer(64)  # a reused buffer: what it held before the call stays in front
+    body.append(b"held")
     assert conn.messages(out, ALL, body) == 2
     assert out == [[b"head", (4, 7), (7, 10)], [b"h2", (10, 15)]]
-    assert bytes(body) == b"heldonetwothree"
+    assert bytes(body) == b"heldonetwothree" and len(body.data) == 64
