@@ -36,6 +36,7 @@ import zmq
 
 from spark_mq.errors import ConnectionClosedError, RemoteProtocolError
 from spark_mq.protocol.malamute import codec
+from spark_mq.protocol.malamute.codec import delivery_fields
 from spark_mq.protocol.malamute.client import (
     DEFAULT_HEARTBEAT, DEFAULT_SERVER_TIMEOUT, ClientConnection, Recovered, Recovering, Reply, ServerBack,
     ServerLost, State,
@@ -481,6 +482,11 @@ class MalamuteClient(_Status):
             sock.close(0)
 
 
+def _item(delivery) -> tuple:
+    """A delivery as ``poll(..., body)`` returns it: ``(fields, [None, *content])``."""
+    return vars(delivery), [None, *getattr(delivery, "content", ())]
+
+
 def _into(delivery, body: BodyBuffer):
     """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
     content frames copied into ``body``, ``(start, stop)`` in their place."""
@@ -573,18 +579,21 @@ class MalamuteReceiver(_Status):
         """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
         what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none.
 
-        With ``body`` (a ``BodyBuffer``), each delivery's ``content`` frames are copied into it as
-        they come off the socket, after what it holds, and ``content`` holds their ``(start, stop)``
-        there instead of ``bytes`` (a source builds its body column over it without another copy);
-        no more deliveries are taken once it holds ``max_bytes`` (the last read may pass that by
-        what it parsed)."""
+        With ``body`` (a ``BodyBuffer``), deliveries come as ``(fields, frames)`` instead: ``fields``
+        the header's fields (``sender``, ``address``, ``subject``, and ``tracker`` but for a stream;
+        one dict shared by every delivery with the same header: read it, do not change it), and
+        ``frames[1:]`` the content frames' ``(start, stop)`` in ``body``, where they are copied as
+        they come off the socket, after what it holds (``frames[0]`` is not for the caller). A
+        source builds its columns from that without a copy of the bodies or an object per
+        delivery. No more deliveries are taken once ``body`` holds ``max_bytes`` (the last read
+        may pass that by what it parsed)."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
             out: list = []
             held = self._held
             while held and len(out) < max_count:
-                out.append(_into(held.popleft(), body) if body is not None else held.popleft())
+                out.append(_item(_into(held.popleft(), body)) if body is not None else held.popleft())
             clock = time.monotonic
             deadline = clock() + timeout
             waited = False
@@ -667,24 +676,38 @@ class MalamuteReceiver(_Status):
         """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out`` (their
         content in ``body`` if given, up to about ``max_bytes`` there); act on the rest; run the
         clock. Returns how many deliveries it added."""
-        wire, receive = self._wire, self._proto.receive
+        wire, proto = self._wire, self._proto
+        receive = proto.receive
         now = time.monotonic()
         before = len(out)
         while len(out) < max_count and (body is None or body.fill < max_bytes):
             batch = wire.read(max_count - len(out), body, max_bytes)
             if not batch:
                 break
+            # with a body buffer, a delivery whose header is known goes to ``out`` as it is: what
+            # ``receive`` does with one, but for the state after a lost server (which ``tick``
+            # alone sets, never ``receive``: it cannot change inside this loop)
+            fast = body is not None and proto.state is not State.LOST
             for frames in batch:
+                if fast:
+                    fields = delivery_fields(frames[0])
+                    if fields is not None:
+                        out.append((fields, frames))
+                        continue
                 try:
                     events = receive(frames, now)
                 except RemoteProtocolError as exc:
                     log.warning("dropping malformed message from the broker: %s", exc)
                     continue
                 for event in events:
-                    if isinstance(event, _DELIVERIES):
+                    if not isinstance(event, _DELIVERIES):
+                        self._event(event)
+                    elif body is None:
                         out.append(event)
                     else:
-                        self._event(event)
+                        out.append(_item(event))
+            if fast:
+                proto.heard(now)
         self._tick(now)
         return len(out) - before
 

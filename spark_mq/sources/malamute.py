@@ -3,7 +3,9 @@
 Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STREAM-READ),
 ``mailbox`` (the client connects with that address and reads its mailbox) or ``service`` +
 ``pattern`` (SERVICE-OFFER as a worker), and a delivery as a row (``body`` is the first frame,
-``frames`` all of them; ``sender``, ``address``, ``subject``, ``tracker``).
+``frames`` all of them; ``sender``, ``address``, ``subject``, ``tracker``). The ingest takes a group
+of deliveries as one record batch built by columns (``poll_batch``): the receiver copies each
+content frame once, into a buffer reused from group to group, and the body column is that buffer.
 
     spark.readStream.format("malamute").option("uri", "tcp://host:9999").option("stream", "weather")
         .option("pattern", "^temp").option("logLocation", "/shared/weather-log").load()
@@ -12,8 +14,8 @@ Malamute has no acknowledgements: once the client holds a message the broker for
 the source log protects it (appended and fsynced in groups, as in every mode). There is no queue
 depth either: availableNow ends after ``quietPeriod`` without messages. There is no pause message
 either: while the log is over its bound the ingest stops reading deliveries (it keeps the
-connection's heartbeat going), ZeroMQ holds up to ``prefetch`` of them, and the rest waits in TCP
-and the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
+connection's heartbeat going), the receiver holds at most its 1 MiB read buffer of them, and the
+rest waits in TCP and the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
 take, as Malamute streams do).
 """
 
@@ -169,37 +171,45 @@ class MalamuteConsumer:
         self.client.close(timeout=1.0)
 
 
-def deliveries_batch(msgs: list, body, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
-    """The source's record batch of deliveries taken by ``MalamuteReceiver.poll(..., body)``, with
-    ``body`` the bytes the buffer holds (``memoryview(buffer.data)[:buffer.fill]``): equal to
-    ``build_batch`` of their ``row``s (a unit test holds them to it), built by columns."""
-    n = len(msgs)
+def deliveries_batch(items: list, body, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
+    """The source's record batch of the deliveries ``MalamuteReceiver.poll(..., body)`` took (``(fields,
+    frames)`` items), with ``body`` the bytes its buffer holds (``memoryview(buffer.data)[:buffer.fill]``):
+    equal to ``build_batch`` of the deliveries' ``row``s (a unit test holds them to it), built by
+    columns. A group mostly repeats one header (one dict for all): its columns are then constants."""
+    n = len(items)
     schema = S.source_arrow_schema("malamute")
     types = schema.types
-    contents = [getattr(m, "content", None) or () for m in msgs]
-    trackers = [getattr(m, "tracker", "") or "" for m in msgs]
-    multi = any(len(c) != 1 for c in contents)
-    if multi:
-        view = memoryview(body)
-        frames = [None if len(c) == 1 else [view[a:b].tobytes() for a, b in c] for c in contents]
-        view.release()
-        bodies = A.binary_spans(body, [c[0] if c else (0, 0) for c in contents], types[0])
-        frames_col = A.column(frames, types[11])
+    fields = [f for f, _ in items]
+    frames = [c for _, c in items]
+    if fields.count(fields[0]) == n:  # the same dict in every item: an identity test per item, in C
+        one = fields[0]
+        tracker = one.get("tracker") or ""
+        header_cols = [A.repeated(tracker or None, n, types[2])] + \
+            [A.repeated(one[k], n, types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
+            [A.repeated(tracker, n, types[10])]
     else:
-        bodies = A.binary_spans(body, [c[0] for c in contents], types[0])
+        trackers = [f.get("tracker") or "" for f in fields]
+        header_cols = [A.column([t or None for t in trackers], types[2])] + \
+            [A.column([f[k] for f in fields], types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
+            [A.column(trackers, types[10])]
+    if any(len(c) != 2 for c in frames):  # not one content frame each: the frames column too
+        view = memoryview(body)
+        listed = [None if len(c) == 2 else [view[a:b].tobytes() for a, b in c[1:]] for c in frames]
+        view.release()
+        bodies = A.binary_spans(body, [c[1] if len(c) > 1 else (0, 0) for c in frames], types[0])
+        frames_col = A.column(listed, types[11])
+    else:
+        bodies = A.binary_spans(body, [c[1] for c in frames], types[0])
         frames_col = pa.nulls(n, types[11])
     arrays = [
         bodies,
         A.repeated(destination, n, types[1]),
-        A.column([t or None for t in trackers], types[2]),
+        header_cols[0],
         A.repeated(now_us, n, types[3]),
         pa.nulls(n, types[4]),
         A.repeated(False, n, types[5]),
         pa.Array.from_buffers(types[6], n, [None, pa.py_buffer(np.arange(offset, offset + n, dtype=np.int64))]),
-        A.column([m.sender for m in msgs], types[7]),
-        A.column([m.address for m in msgs], types[8]),
-        A.column([m.subject for m in msgs], types[9]),
-        A.column(trackers, types[10]),
+        *header_cols[1:],
         frames_col,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

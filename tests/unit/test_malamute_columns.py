@@ -9,7 +9,7 @@ import pytest
 
 from spark_mq import arrowcols as A
 from spark_mq import schema as S
-from spark_mq.clients.malamute import _into
+from spark_mq.clients.malamute import _into, _item
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.malamute import MalamuteConsumer, deliveries_batch
@@ -19,7 +19,7 @@ def with_spans(deliveries: list) -> tuple[list, memoryview]:
     """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns them, and the bytes of the
     body buffer they were taken into (a reused one, larger than what they fill)."""
     body = BodyBuffer(1 << 16)
-    taken = [_into(d, body) for d in deliveries]
+    taken = [_item(_into(d, body)) for d in deliveries]
     return taken, memoryview(body.data)[:body.fill]
 
 
@@ -43,10 +43,23 @@ CASES = {
 }
 
 
+def as_received(deliveries: list) -> tuple[list, memoryview]:
+    """The deliveries as the receiver's fast lane takes them off the wire: the header's fields from
+    ``codec.delivery_fields`` (one dict per distinct header), the content as spans."""
+    body = BodyBuffer()
+    items = []
+    for d in deliveries:
+        fields = codec.delivery_fields(codec.encode_header(d))
+        assert fields is not None
+        items.append((fields, [None, *(body.append(f) for f in d.content)]))
+    return items, memoryview(body.data)[:body.fill]
+
+
+@pytest.mark.parametrize("lane", ["objects", "headers"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_columns_equal_the_rows_batch(case):
+def test_columns_equal_the_rows_batch(case, lane):
     deliveries = CASES[case]
-    taken, body = with_spans(deliveries)
+    taken, body = with_spans(deliveries) if lane == "objects" else as_received(deliveries)
     got = deliveries_batch(taken, body, "dest", 1000, 1_700_000_000_123_456)
     want = rows_of(deliveries, "dest", 1000, 1_700_000_000_123_456)
     assert got.schema.equals(S.source_arrow_schema("malamute"))
@@ -96,7 +109,7 @@ def test_the_body_buffer_is_reused_unless_a_column_still_holds_it():
     first.append(b"x" * 1000)
     assert consumer._body_buffer() is first and first.fill == 0  # nothing holds it: reused, emptied
     first.append(b"abc")
-    taken = [codec.MailboxDeliver("s", "b", "", "", [(0, 3)])]
+    taken = [({"sender": "s", "address": "b", "subject": "", "tracker": ""}, [None, (0, 3)])]
     batch = deliveries_batch(taken, memoryview(first.data)[:first.fill], "b", 0, 0)
     second = consumer._body_buffer()
     assert second is not first  # the batch's body column is over ``first``: it must not be overwritten
@@ -117,3 +130,15 @@ def test_a_body_buffer_grown_far_past_what_groups_take_is_let_go(monkeypatch):
     assert consumer._body_buffer() is big  # the group that grew it filled it
     big.append(b"x" * 100)
     assert consumer._body_buffer() is not big  # a quarter or less used: a fresh one
+
+
+def test_delivery_fields_are_decoded_once_per_header_and_only_for_deliveries():
+    header = codec.encode_header(codec.MailboxDeliver("s", "box", "subj", "t"))
+    fields = codec.delivery_fields(header)
+    assert fields == {"sender": "s", "address": "box", "subject": "subj", "tracker": "t"}
+    assert codec.delivery_fields(bytes(header)) is fields  # the same dict for the same header
+    assert codec.delivery_fields(codec.encode_header(codec.StreamDeliver("weather", "p", "temp"))) == \
+        {"address": "weather", "sender": "p", "subject": "temp"}
+    assert codec.delivery_fields(codec.encode_header(codec.ConnectionPong())) is None  # not a delivery
+    assert codec.delivery_fields(header[:-1]) is None  # malformed: left to decode, which names it
+    assert codec.delivery_fields(b"") is None

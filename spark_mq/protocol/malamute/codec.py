@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar, Optional, Sequence, Union
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
 
@@ -308,6 +308,7 @@ _STRINGS_ONLY = _strings_only_layouts()
 #: deliveries mostly repeat one header (the same sender, address or stream, subject and no tracker),
 #: so its fields are decoded once per distinct header, not once per message. Emptied when full.
 _RECENT_HEADERS: dict = {}
+_DELIVERY_IDS = frozenset({MessageId.STREAM_DELIVER, MessageId.MAILBOX_DELIVER, MessageId.SERVICE_DELIVER})
 _RECENT_MAX = 4096
 
 
@@ -395,7 +396,7 @@ def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message
         header = frames[0]
         if not isinstance(header, bytes):
             header = bytes(header)
-        known = _RECENT_HEADERS.get(header)
+        known = _known_header(header)
         if known is not None:
             cls, mid, fields = known
             if allowed is None or mid in allowed:
@@ -403,31 +404,47 @@ def decode(frames: Sequence[Frame], allowed: frozenset | None = None) -> Message
                     return _fast_instance(cls, fields, list(frames[1:]))
                 if len(frames) == 1:
                     return _fast_instance(cls, fields, None)
-            return _decode_general([header, *frames[1:]], allowed)
-        n = len(header)
-        fast = _STRINGS_ONLY.get(header[2]) if n >= HEADER_PREFIX_LEN and header[0] == 0xAA and \
-            header[1] == 0xA8 else None
-        if fast is not None and (allowed is None or fast[1] in allowed):
-            cls, mid, count, has_content, names = fast
-            values = []
-            offset = HEADER_PREFIX_LEN
-            for _ in range(count):
-                if offset >= n:
-                    break
-                end = offset + 1 + header[offset]
-                if end > n:
-                    break
-                values.append(header[offset + 1:end].decode(_ENCODING, _ERRORS))
-                offset = end
-            else:
-                if offset == n and (has_content or len(frames) == 1):
-                    fields = dict(zip(names, values))
-                    if len(_RECENT_HEADERS) >= _RECENT_MAX:
-                        _RECENT_HEADERS.clear()
-                    _RECENT_HEADERS[header] = (cls, mid, fields)
-                    return _fast_instance(cls, fields, list(frames[1:]) if has_content else None)
         return _decode_general([header, *frames[1:]], allowed)
     return _decode_general(frames, allowed)
+
+
+def delivery_fields(header: bytes) -> Optional[dict]:
+    """The fields of a delivery's header frame (STREAM-, MAILBOX- or SERVICE-DELIVER; decoded once
+    per distinct header, then shared: do not change the dict), or None for any other header,
+    malformed ones included (``decode`` names what is wrong with those). A receiver can take a
+    delivery's content frames as they are, without a message object per delivery."""
+    known = _known_header(header)
+    return known[2] if known is not None and known[1] in _DELIVERY_IDS else None
+
+
+def _known_header(header: bytes):
+    """``(class, id, fields)`` of a header frame that holds only strings and is well formed, from
+    the cache of recent headers (a stream of deliveries repeats a few); None otherwise."""
+    known = _RECENT_HEADERS.get(header)
+    if known is not None:
+        return known
+    n = len(header)
+    fast = _STRINGS_ONLY.get(header[2]) if n >= HEADER_PREFIX_LEN and header[0] == 0xAA and \
+        header[1] == 0xA8 else None
+    if fast is None:
+        return None
+    cls, mid, count, has_content, names = fast
+    values = []
+    offset = HEADER_PREFIX_LEN
+    for _ in range(count):
+        if offset >= n:
+            return None
+        end = offset + 1 + header[offset]
+        if end > n:
+            return None
+        values.append(header[offset + 1:end].decode(_ENCODING, _ERRORS))
+        offset = end
+    if offset != n:
+        return None
+    if len(_RECENT_HEADERS) >= _RECENT_MAX:
+        _RECENT_HEADERS.clear()
+    known = _RECENT_HEADERS[header] = (cls, mid, dict(zip(names, values)))
+    return known
 
 
 def _decode_general(frames: Sequence[Frame], allowed: frozenset | None) -> Message:
