@@ -42,8 +42,8 @@ from spark_mq.protocol.malamute.client import (
     ServerLost, State,
 )
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
-from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
 from spark_mq.protocol.zmtp import BodyBuffer
+from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
 from spark_mq.transport.zmtp import ZmtpDealer
 
 log = logging.getLogger("spark_mq.clients.malamute")

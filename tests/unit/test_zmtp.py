@@ -78,9 +78,10 @@ CHUNKINGS = {
 }
 
 
-def feed(conn: ZmtpConnection, data: bytes, sizes=None, out=None) -> list:
+def feed(conn: ZmtpConnection, data: bytes, sizes=None, out=None, take=None) -> list:
     """Copy ``data`` into ``conn`` in chunks of ``sizes`` (None: all buffer() offers), taking every
-    whole message out into ``out`` after each chunk unless ``out`` is None."""
+    whole message out into ``out`` after each chunk unless ``out`` is None (with ``take(out)``
+    instead of ``conn.messages(out, ALL)`` if given)."""
     data, pos = memoryview(data), 0
     sizes = iter(sizes) if sizes is not None else None
     while pos < len(data):
@@ -91,7 +92,10 @@ def feed(conn: ZmtpConnection, data: bytes, sizes=None, out=None) -> list:
         conn.received(n)
         pos += n
         if out is not None:
-            conn.messages(out, ALL)
+            if take is not None:
+                take(out)
+            else:
+                conn.messages(out, ALL)
     return out
 
 
@@ -461,23 +465,15 @@ def test_fuzz_mutated_valid_streams():
 
 def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
     """As ``feed``, taking messages out after each chunk with ``body`` buffers: a new ``BodyBuffer``
-    per call, kept in ``bodies`` (each call's spans point into its own)."""
-    out: list = []
-    data, pos = memoryview(data), 0
-    sizes = iter(sizes) if sizes is not None else None
-    while pos < len(data):
-        view = conn.buffer()
-        n = min(len(view), len(data) - pos, next(sizes) if sizes is not None else len(view))
-        view[:n] = data[pos:pos + n]
-        view.release()
-        conn.received(n)
-        pos += n
+    per call, kept in ``bodies`` (each call's spans point into its own); ``(message, its buffer)``."""
+    def take(out: list) -> None:
         body = BodyBuffer()
         got: list = []
         conn.messages(got, ALL, body)
         out.extend((m, body) for m in got)
         bodies.append(body)
-    return out
+
+    return feed(conn, data, sizes, [], take)
 
 
 def resolved(taken: list) -> list:
