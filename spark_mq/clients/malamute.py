@@ -586,13 +586,14 @@ class MalamuteReceiver(_Status):
         they come off the socket, after what it holds (``frames[0]`` is not for the caller). A
         source builds its columns from that without a copy of the bodies or an object per
         delivery. No more deliveries are taken once ``body`` holds ``max_bytes`` (the last read
-        may pass that by what it parsed)."""
+        may pass that by what it parsed). Empty ``body`` (``fill = 0``) for the next call only once
+        nothing built over its bytes is alive: writes that do not resize it are not refused."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
             out: list = []
             held = self._held
-            while held and len(out) < max_count:
+            while held and len(out) < max_count and (body is None or body.fill < max_bytes):
                 out.append(_item(_into(held.popleft(), body)) if body is not None else held.popleft())
             clock = time.monotonic
             deadline = clock() + timeout

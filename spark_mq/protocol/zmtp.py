@@ -115,7 +115,9 @@ class BodyBuffer:
     to 0 and ``data`` keeps its size (it grows when a group needs more, and never shrinks by
     itself), so the same memory takes every group. A buffer freed and allocated again per group
     of a megabyte or more comes back as fresh pages from the kernel each time, cleared first: in the
-    reader process that clearing was a quarter of its CPU."""
+    reader process that clearing was a quarter of its CPU. Whoever sets ``fill`` back to 0 must know
+    that nothing built over ``data`` is still alive: a write that does not resize a ``bytearray``
+    is allowed while its memory is exported (``MalamuteConsumer`` checks with a resize first)."""
 
     __slots__ = ("data", "fill")
 
