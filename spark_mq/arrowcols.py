@@ -173,8 +173,9 @@ def _list(values: Sequence, type_: pa.ListType, n: int) -> pa.Array:
                                  children=[flat])
 
 
-def binary_spans(data: bytearray, spans: Sequence[tuple], type_: pa.DataType = pa.binary()) -> pa.Array:
-    """A binary column whose value i is ``data[start:stop]`` for ``spans[i] = (start, stop)``. Where
+def binary_spans(data, spans: Sequence[tuple], type_: pa.DataType = pa.binary()) -> pa.Array:
+    """A binary column whose value i is ``data[start:stop]`` for ``spans[i] = (start, stop)`` (``data``
+    any bytes-like object: a ``bytearray``, a ``memoryview`` of one). Where
     the spans tile ``data`` from its start, in order (a receive path that copied each value in
     turn), the column is built over ``data`` itself: no copy, and ``data`` can no longer be resized
     while the column lives. Otherwise the values are gathered into a new buffer."""
