@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
@@ -183,15 +184,15 @@ def deliveries_batch(items: list, body, destination: str, offset: int, now_us: i
     frames = [c for _, c in items]
     if fields.count(fields[0]) == n:  # the same dict in every item: an identity test per item, in C
         one = fields[0]
-        tracker = one.get("tracker") or ""
-        header_cols = [A.repeated(tracker or None, n, types[2])] + \
-            [A.repeated(one[k], n, types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
-            [A.repeated(tracker, n, types[10])]
+
+        def header_col(get, type_):
+            return A.repeated(get(one), n, type_)
     else:
-        trackers = [f.get("tracker") or "" for f in fields]
-        header_cols = [A.column([t or None for t in trackers], types[2])] + \
-            [A.column([f[k] for f in fields], types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
-            [A.column(trackers, types[10])]
+        def header_col(get, type_):
+            return A.column([get(f) for f in fields], type_)
+    header_cols = [header_col(lambda f: f.get("tracker") or None, types[2])] + \
+        [header_col(itemgetter(k), types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
+        [header_col(lambda f: f.get("tracker") or "", types[10])]
     if any(len(c) != 2 for c in frames):  # not one content frame each: the frames column too
         view = memoryview(body)
         listed = [None if len(c) == 2 else [view[a:b].tobytes() for a, b in c[1:]] for c in frames]
