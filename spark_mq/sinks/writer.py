@@ -37,6 +37,7 @@ from pyspark.sql.types import StructType
 from spark_mq.options import Options
 from spark_mq.sinks import commitlog, connections
 from spark_mq.sinks.columns import ColumnPlan
+from spark_mq.workerheap import freeze_worker_heap
 
 try:  # pyspark 4.1+
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -169,6 +170,7 @@ def _slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
 
 def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCommitMessage:
     """Publish one partition in one transaction (see the module docstring)."""
+    freeze_worker_heap()  # PySpark collects the worker's whole heap after each task: see workerheap
     started = time.monotonic()
     prefix, partition, attempt = _task_identity(plan)
     opts = plan.options

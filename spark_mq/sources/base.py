@@ -27,6 +27,7 @@ from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import SOURCE, Options, parse_options
 from spark_mq.sourcelog import DataLossError, LogSlice, read_slice
+from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources")
 
@@ -108,6 +109,7 @@ def partition_count(count: int, body_bytes: int, opts: Options) -> int:
 
 def read_partition(partition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Executor side of a stream read: the log's bytes for the partition, projected to ``target``."""
+    freeze_worker_heap()  # PySpark collects the worker's whole heap after each task: see workerheap
     if isinstance(partition, MemoryPartition):
         for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
             yield S.project(batch, target)
