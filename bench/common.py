@@ -113,6 +113,29 @@ def _process_cpu() -> dict:
     return out
 
 
+def _jit_cpu() -> float:
+    """CPU seconds so far of the JIT compiler threads (HotSpot's "C1/C2 CompilerThread<n>") of the
+    JVMs counted as "jvm": the part of a JVM's CPU that is compiling, not running, Spark's code."""
+    total = 0.0
+    for pid, known in list(_kinds.items()):
+        if known[1] != "jvm":
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if "CompilerThre" in stat[stat.index("(") + 1:stat.rindex(")")]:
+                fields = stat[stat.rindex(")") + 2:].split()
+                total += (int(fields[11]) + int(fields[12])) / _HZ
+    return total
+
+
 class ProcessCpu:
     """CPU seconds spent by each kind of process (reader, jvm, pyworkers, broker, driver) during a
     block, sampled from /proc every ``interval`` so that processes which exit inside the block (the
@@ -121,6 +144,7 @@ class ProcessCpu:
         with ProcessCpu() as cpu:
             run()
         cpu.seconds  # {"jvm": 5.2, "reader": 4.1, ...}
+        cpu.jit      # of "jvm": its JIT compiler threads (at least: HotSpot may end such a thread)
     """
 
     def __init__(self, interval: float = 0.1) -> None:
@@ -128,12 +152,14 @@ class ProcessCpu:
 
         self.interval = interval
         self.seconds: dict = {}
+        self.jit = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="bench-cpu-sampler", daemon=True)
         self._last: dict = {}
 
     def __enter__(self) -> "ProcessCpu":
         self._base = _process_cpu()
+        self._jit_base = _jit_cpu()
         self._thread.start()
         return self
 
@@ -150,6 +176,7 @@ class ProcessCpu:
         for key, cpu in self._last.items():
             totals[key[0]] = totals.get(key[0], 0.0) + cpu - self._base.get(key, 0.0)
         self.seconds = {k: round(v, 2) for k, v in sorted(totals.items())}
+        self.jit = round(max(0.0, _jit_cpu() - self._jit_base), 2)
 
 
 # -- a quiet machine before each timed run ------------------------------------------------------
