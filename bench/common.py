@@ -85,6 +85,15 @@ _kinds: dict = {}  # pid -> (comm, kind, first seen); kind None: not counted
 _EXEC_WINDOW = 2.0  # seconds: a new process's command line may still change (fork, then exec)
 
 
+def _split_stat(stat: str) -> tuple[str, list[str]]:
+    """A /proc ``stat`` line: (comm, the fields after it); CPU seconds are ``_stat_cpu(fields)``."""
+    return stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+
+
+def _stat_cpu(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / _HZ  # utime + stime
+
+
 def _process_cpu() -> dict:
     """(kind, pid, start time) -> CPU seconds so far (user + system, all threads) of every process we count."""
     me = os.getpid()
@@ -100,7 +109,7 @@ def _process_cpu() -> dict:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            comm, fields = _split_stat(stat)
             if known is None or known[0] != comm:  # new, or exec'd since
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     known = _kinds[pid] = (comm, _kind_of(pid, f.read(), me), known[2] if known else now)
@@ -108,8 +117,7 @@ def _process_cpu() -> dict:
             continue
         if known[1] is None:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[(known[1], pid, fields[19])] = (int(fields[11]) + int(fields[12])) / _HZ
+        out[(known[1], pid, fields[19])] = _stat_cpu(fields)
     return out
 
 
@@ -130,9 +138,9 @@ def _jit_cpu() -> float:
                     stat = f.read()
             except OSError:
                 continue
-            if "CompilerThre" in stat[stat.index("(") + 1:stat.rindex(")")]:
-                fields = stat[stat.rindex(")") + 2:].split()
-                total += (int(fields[11]) + int(fields[12])) / _HZ
+            comm, fields = _split_stat(stat)
+            if "CompilerThre" in comm:
+                total += _stat_cpu(fields)
     return total
 
 

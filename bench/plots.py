@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from bench.bench_sources import JIT_SETTLED, JIT_WARMUP_MAX
 from bench.report import RESULTS, ROOT, table
 
 DOCS = ROOT / "docs"
@@ -383,7 +384,8 @@ def page() -> str:
             parts += [
                 "One warm-up was not always enough (1,000,000 x 4 KiB Malamute runs after three warm-ups: the",
                 "C2 threads took 4.1, 2.6, 0.9, 0.5 CPU-s in consecutive runs), so a warm-up query is repeated",
-                "until the JIT compiler threads take under 0.3 CPU-s in one, at most 4 times. The JIT's CPU-s in",
+                f"until the JIT compiler threads take under {JIT_SETTLED} CPU-s in one, at most {JIT_WARMUP_MAX} times. "
+                "The JIT's CPU-s in",
                 "each warm-up of this run: " + "; ".join(f"{k.replace('_', ' ')} {', '.join(f'{x:.2f}' for x in v)}"
                                                         for k, v in sorted(jits.items())) + ".",
                 "In the median round's source runs: " + "; ".join(f"{k.replace('_', ' ')} {v:.2f}"
