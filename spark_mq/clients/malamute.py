@@ -15,8 +15,11 @@ sends return at once (the broker never answers them).
 over the repository's own ZMTP 3.0 DEALER (``spark_mq.transport.zmtp``) instead of pyzmq; the
 Malamute source's reader uses it.
 
-Received messages are the codec's ``StreamDeliver``, ``MailboxDeliver``, ``ServiceDeliver`` (and
-``Confirm``) objects: ``sender``, ``address``, ``subject``, ``tracker``, ``content`` (list of bytes).
+Received messages are the codec's ``StreamDeliver``, ``MailboxDeliver``, ``ServiceDeliver`` objects:
+``sender``, ``address``, ``subject``, ``tracker``, ``content`` (list of bytes). ``MalamuteClient.recv``
+also returns a CONFIRM from the server (``Confirm``: ``tracker``, ``code``, ``reason``), which the
+reference broker never sends; ``MalamuteReceiver`` hands one to ``on_event`` instead: what it returns
+are deliveries only.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ _WAKE = b"W"
 _MAX_POLL_MS = 100
 _DRAIN = 1024
 DEFAULT_READ_BUFFER = 1 << 20  # MalamuteReceiver: bytes read from the socket at a time, at most
-_DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver, codec.Confirm)
+_DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver)
+_RECEIVED = (*_DELIVERIES, codec.Confirm)  # what MalamuteClient hands over
 _pipe_ids = itertools.count()
 
 
@@ -455,7 +459,7 @@ class MalamuteClient(_Status):
                 future = self._futures.pop(event.token, None)
                 if future is not None and not future.done():
                     future.set_result(event)
-            elif isinstance(event, _DELIVERIES):
+            elif isinstance(event, _RECEIVED):
                 if deliveries is None:
                     self._given += 1
                     self._inbox.put([event])
@@ -484,13 +488,13 @@ class MalamuteClient(_Status):
 
 def _item(delivery) -> tuple:
     """A delivery as ``poll(..., body)`` returns it: ``(fields, [None, *content])``."""
-    return vars(delivery), [None, *getattr(delivery, "content", ())]
+    return vars(delivery), [None, *delivery.content]
 
 
 def _into(delivery, body: BodyBuffer):
     """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
     content frames copied into ``body``, ``(start, stop)`` in their place."""
-    content = getattr(delivery, "content", None)
+    content = delivery.content
     if not content:
         return delivery
     return dataclasses.replace(delivery, content=[body.append(frame) for frame in content])
@@ -507,7 +511,7 @@ class MalamuteReceiver(_Status):
     DEALER: the broker sees no difference), feeds the same sans-IO ``ClientConnection``
     (heartbeats, server-lost detection, recovery after a broker restart) and returns the
     deliveries. Between calls nothing is read: the kernel's socket buffer holds what arrives, then
-    the broker keeps the rest.
+    the broker keeps the rest. A CONFIRM from the server is no delivery: it goes to ``on_event`` only.
 
     The price: the clock runs only inside calls. Call ``poll`` or ``keepalive`` at least every
     ``heartbeat`` seconds (the broker drops a client silent for its ``server/timeout``, 5-60 s in
@@ -733,5 +737,8 @@ class MalamuteReceiver(_Status):
         if isinstance(event, Reply):
             if event.token in self._awaited:
                 self._replies[event.token] = event
-        else:
-            _notify(self.endpoint, event, self.on_event)
+            return
+        if isinstance(event, codec.Confirm):
+            log.debug("malamute %s: CONFIRM from the broker (tracker %r, %s %s): not a delivery",
+                      self.endpoint, event.tracker, event.code, event.reason)
+        _notify(self.endpoint, event, self.on_event)
