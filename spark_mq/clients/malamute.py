@@ -41,8 +41,8 @@ from spark_mq.errors import ConnectionClosedError, RemoteProtocolError
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.malamute.codec import delivery_fields
 from spark_mq.protocol.malamute.client import (
-    DEFAULT_HEARTBEAT, DEFAULT_SERVER_TIMEOUT, ClientConnection, Recovered, Recovering, Reply, ServerBack,
-    ServerLost, State,
+    DEFAULT_HEARTBEAT, DEFAULT_SERVER_TIMEOUT, BrokerNotice, ClientConnection, Recovered, Recovering, Reply,
+    ServerBack, ServerLost, State,
 )
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
 from spark_mq.protocol.zmtp import BodyBuffer
@@ -61,6 +61,9 @@ _DRAIN = 1024
 DEFAULT_READ_BUFFER = 1 << 20  # MalamuteReceiver: bytes read from the socket at a time, at most
 _DELIVERIES = (codec.StreamDeliver, codec.MailboxDeliver, codec.ServiceDeliver)
 _RECEIVED = (*_DELIVERIES, codec.Confirm)  # what MalamuteClient hands over
+# MalamuteReceiver: what a delivery held for ``poll`` takes beyond its content, about (the message
+# object, its dict and content list, a bytes object per frame: 220 bytes measured for one frame)
+_HELD_OVERHEAD = 256
 _pipe_ids = itertools.count()
 
 
@@ -491,6 +494,11 @@ def _item(delivery) -> tuple:
     return vars(delivery), [None, *delivery.content]
 
 
+def _footprint(delivery) -> int:
+    """What a delivery held for ``poll`` takes in memory, about."""
+    return _HELD_OVERHEAD + sum(map(len, delivery.content))
+
+
 def _into(delivery, body: BodyBuffer):
     """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
     content frames copied into ``body``, ``(start, stop)`` in their place."""
@@ -511,7 +519,10 @@ class MalamuteReceiver(_Status):
     DEALER: the broker sees no difference), feeds the same sans-IO ``ClientConnection``
     (heartbeats, server-lost detection, recovery after a broker restart) and returns the
     deliveries. Between calls nothing is read: the kernel's socket buffer holds what arrives, then
-    the broker keeps the rest. A CONFIRM from the server is no delivery: it goes to ``on_event`` only.
+    the broker keeps the rest. Inside a request (``set_consumer``, ``set_worker``, ``ping``), the
+    deliveries read on the way to its answer are held for ``poll``, at most ``read_buffer`` bytes of
+    them (``_await`` says what happens then). A CONFIRM from the server is no delivery: it goes to
+    ``on_event`` only.
 
     The price: the clock runs only inside calls. Call ``poll`` or ``keepalive`` at least every
     ``heartbeat`` seconds (the broker drops a client silent for its ``server/timeout``, 5-60 s in
@@ -540,6 +551,9 @@ class MalamuteReceiver(_Status):
         self.on_event = on_event
         self._proto = ClientConnection(heartbeat=heartbeat, server_timeout=server_timeout)
         self._held: deque = deque()       # deliveries read while waiting for a reply
+        self._held_size = 0               # what they take (``_footprint`` of each)
+        self._held_max = read_buffer      # ... at most (past it by one delivery at most)
+        self._deferred: dict[int, str] = {}  # registrations whose answer is left to ``poll``: token -> name
         self._backlog: deque = deque()    # messages the transport's queue did not take yet (broker away)
         self._replies: dict[int, Reply] = {}
         self._awaited: set[int] = set()
@@ -567,15 +581,19 @@ class MalamuteReceiver(_Status):
         return len(self._held)
 
     def set_consumer(self, stream: str, pattern: str = "") -> None:
-        """Receive ``stream`` messages whose subject matches the zrex ``pattern`` ("" = all)."""
-        self._request(self._proto.set_consumer(stream, pattern), "STREAM-READ")
+        """Receive ``stream`` messages whose subject matches the zrex ``pattern`` ("" = all). Returns
+        without the broker's answer when it is queued behind more deliveries than the receiver holds
+        (``_await``): ``poll`` then reads through to it, and a failure is logged."""
+        self._request(self._proto.set_consumer(stream, pattern), "STREAM-READ", defer=True)
 
     def set_worker(self, service: str, pattern: str = "") -> None:
-        """Offer ``service`` for requests whose subject matches ``pattern``."""
-        self._request(self._proto.set_worker(service, pattern), "SERVICE-OFFER")
+        """Offer ``service`` for requests whose subject matches ``pattern`` (answer as ``set_consumer``)."""
+        self._request(self._proto.set_worker(service, pattern), "SERVICE-OFFER", defer=True)
 
     def ping(self, timeout: Optional[float] = None) -> None:
-        """Round trip to the broker (deliveries read meanwhile are kept for ``poll``)."""
+        """Round trip to the broker (deliveries read meanwhile are kept for ``poll``). ``TimeoutError``
+        without waiting out ``timeout`` when the PONG is queued behind more deliveries than the
+        receiver holds (``_await``): ``poll`` them, then ping again."""
         self._request(self._proto.ping(), "CONNECTION-PING", timeout)
 
     def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[BodyBuffer] = None,
@@ -598,7 +616,9 @@ class MalamuteReceiver(_Status):
             out: list = []
             held = self._held
             while held and len(out) < max_count and (body is None or body.fill < max_bytes):
-                out.append(_item(_into(held.popleft(), body)) if body is not None else held.popleft())
+                delivery = held.popleft()
+                self._held_size -= _footprint(delivery)
+                out.append(_item(_into(delivery, body)) if body is not None else delivery)
             clock = time.monotonic
             deadline = clock() + timeout
             waited = False
@@ -619,7 +639,7 @@ class MalamuteReceiver(_Status):
             if self._closed:
                 return
             if not self._wire.ready:  # connecting or handshaking: move it on (at most one delivery kept)
-                self._read(self._held, len(self._held) + 1)
+                self._hold_one()
             now = time.monotonic()
             if self._wire.pending():
                 self._proto.heard(now)
@@ -641,6 +661,8 @@ class MalamuteReceiver(_Status):
             finally:
                 self._closed = True
                 self._held.clear()
+                self._held_size = 0
+                self._deferred.clear()
                 self._wire.close()
 
     def __enter__(self) -> "MalamuteReceiver":
@@ -651,31 +673,73 @@ class MalamuteReceiver(_Status):
 
     # ------------------------------------------------------------ driving the socket
 
-    def _request(self, token: int, what: str, timeout: Optional[float] = None) -> Reply:
+    def _request(self, token: int, what: str, timeout: Optional[float] = None,
+                 defer: bool = False) -> Optional[Reply]:
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
-            return self._await(token, what, self.request_timeout if timeout is None else timeout)
+            return self._await(token, what, self.request_timeout if timeout is None else timeout, defer=defer)
 
-    def _await(self, token: int, what: str, timeout: float, keep: bool = True) -> Reply:
-        """Read until ``token``'s reply (it may come behind deliveries: kept for ``poll``, or dropped)."""
+    def _await(self, token: int, what: str, timeout: float, keep: bool = True,
+               defer: bool = False) -> Optional[Reply]:
+        """Read until ``token``'s reply; deliveries read on the way are held for ``poll`` (``keep``),
+        or else dropped ``_DRAIN`` at a time (``close``: the broker has forgotten them already).
+
+        The broker answers on the one ordered stream that carries the deliveries, so an answer may
+        sit behind any number of them: whatever the broker had queued for this client before it
+        read the request (mail stored for the address, a service's waiting requests, a stream in
+        full flow), which only the broker's own queue bounds (its ZeroMQ high-water mark: 100,000
+        messages on the embedded broker, whatever their size). None of them may be skipped (Malamute
+        never delivers twice), and reaching the answer means holding every one. So this reads one
+        delivery at a time and holds at most ``read_buffer`` bytes of them (content plus
+        ``_HELD_OVERHEAD`` each, past it by the last one at most: the source's promise that the
+        reader holds about its 1 MiB read buffer ahead of the ingest holds here too), then reads no
+        more; what follows waits in the socket and the broker, as between two polls. Then:
+
+        - a registration (``defer``: STREAM-READ, SERVICE-OFFER) returns ``None`` without its
+          answer. The protocol keeps the request pending and matches the answer when ``poll``
+          reaches it, in order (``_event``: a failure is logged and handed to ``on_event``). For
+          the client it is in force already: it is recorded and replayed after any recovery,
+          whatever the answer (the reference broker answers both with OK, always).
+        - any other request (``ping``; CONNECTION-OPEN, which no delivery can precede) raises
+          ``TimeoutError`` at once rather than wait out ``timeout`` for an answer it will not read.
+          Nothing is lost: what it read is held for ``poll``, and the late answer is dropped there.
+        """
         self._awaited.add(token)
+        replies = self._replies
         try:
             deadline = time.monotonic() + timeout
-            while token not in self._replies:
-                sink: list = []
-                self._read(sink, 1 << 30)
-                if keep:
-                    self._held.extend(sink)
-                if token in self._replies:
+            while token not in replies:
+                if not keep:
+                    got = self._read([], _DRAIN)
+                elif self._held_size < self._held_max:
+                    got = self._hold_one()
+                elif defer:
+                    self._deferred[token] = what
+                    log.info("malamute %s: the answer to %s is behind more deliveries than the receiver holds "
+                             "(%d, %d bytes): left for poll", self.endpoint, what, len(self._held), self._held_size)
+                    return None
+                else:
+                    raise TimeoutError(f"no answer to {what}: it is behind more deliveries than the receiver holds "
+                                       f"({len(self._held)}, {self._held_size} bytes); poll them, then ask again")
+                if token in replies:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no answer to {what} within {timeout} s")
-                self._wait(left)
-            return _checked(self._replies.pop(token), what)
+                if not got:
+                    self._wait(left)
+            return _checked(replies.pop(token), what)
         finally:
             self._awaited.discard(token)
+
+    def _hold_one(self) -> int:
+        """Read up to one more delivery into ``_held`` (acting on the other messages); how many."""
+        held = self._held
+        got = self._read(held, len(held) + 1)
+        if got:
+            self._held_size += _footprint(held[-1])
+        return got
 
     def _read(self, out: list, max_count: int, body: Optional[BodyBuffer] = None, max_bytes: int = 1 << 62) -> int:
         """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out`` (their
@@ -735,10 +799,17 @@ class MalamuteReceiver(_Status):
 
     def _event(self, event) -> None:
         if isinstance(event, Reply):
-            if event.token in self._awaited:
-                self._replies[event.token] = event
-            return
-        if isinstance(event, codec.Confirm):
+            token = event.token
+            if token in self._awaited:
+                self._replies[token] = event
+                return
+            what = self._deferred.pop(token, None)
+            if what is None or event.ok:
+                return  # an answer nobody waits for (a ping that gave up), or a registration in force
+            log.warning("malamute %s: %s failed after the receiver stopped waiting for its answer: %s %s",
+                        self.endpoint, what, event.code, event.reason)
+            event = BrokerNotice(event.code, f"{what} failed: {event.reason}")
+        elif isinstance(event, codec.Confirm):
             log.debug("malamute %s: CONFIRM from the broker (tracker %r, %s %s): not a delivery",
                       self.endpoint, event.tracker, event.code, event.reason)
         _notify(self.endpoint, event, self.on_event)

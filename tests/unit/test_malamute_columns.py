@@ -143,22 +143,3 @@ def test_delivery_fields_are_decoded_once_per_header_and_only_for_deliveries():
     assert codec.delivery_fields(header[:-1]) is None  # malformed: left to decode, which names it
     assert codec.delivery_fields(b"") is None
 
-
-def test_deliveries_held_from_a_request_stop_at_the_byte_bound_too():
-    """Deliveries read while waiting for a reply (held) count toward ``max_bytes`` like those read
-    in the poll: a backlog at start-up cannot make one group larger than the bound (found in review:
-    only the count bounded them)."""
-    import threading
-    from collections import deque
-
-    from spark_mq.clients.malamute import MalamuteReceiver
-
-    rx = MalamuteReceiver.__new__(MalamuteReceiver)
-    rx._lock, rx._closed = threading.Lock(), False
-    rx._held = deque(codec.MailboxDeliver("s", "box", "", "", [bytes([i]) * 1000]) for i in range(100))
-    rx._read = lambda out, max_count, body=None, max_bytes=None: 0  # nothing more on the socket
-    body = BodyBuffer()
-    got = rx.poll(100, 0.0, 0.001, body, max_bytes=4096)
-    assert len(got) == 5 and body.fill == 5000  # stops once past the bound, as a read does
-    assert len(rx._held) == 95  # the rest waits for the next group
-    assert [bytes(body.data[c[1][0]:c[1][1]])[:1] for _, c in got] == [bytes([i]) for i in range(5)]
