@@ -20,7 +20,7 @@ import zmq
 
 from spark_mq.malamute_broker.core import BrokerCore, Limits
 from spark_mq.malamute_broker.store import MailboxStore
-from spark_mq.transport.zmqframes import NOBLOCK, recv_frames
+from spark_mq.transport.zmqframes import NOBLOCK, recv_frames, send_frames
 
 log = logging.getLogger("spark_mq.malamute_broker")
 
@@ -150,7 +150,7 @@ class Broker:
 
     def _send(self, rid: bytes, frames: list) -> bool:
         try:
-            self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
+            send_frames(self._router, [rid, *frames])
             return True
         except zmq.ZMQError:  # EHOSTUNREACH (peer gone) or EAGAIN (peer's queue full)
             return False

@@ -1,4 +1,5 @@
-"""Unit tests of spark_mq.transport.zmqframes: one multipart message as recv_multipart gives it."""
+"""Unit tests of spark_mq.transport.zmqframes: one multipart message as recv_multipart gives it, and
+sent as send_multipart sends it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import uuid
 import pytest
 import zmq
 
-from spark_mq.transport.zmqframes import recv_frames
+from spark_mq.transport.zmqframes import NOBLOCK, recv_frames, send_frames
 
 
 @pytest.fixture()
@@ -41,3 +42,40 @@ def test_nothing_waiting_raises_again(pair):
     _, b = pair
     with pytest.raises(zmq.Again):
         recv_frames(b)
+
+
+def test_send_frames_sends_what_send_multipart_sends(pair):
+    a, b = pair
+    sent = [[b"one"], [b"h", b""], [b"h", b"x" * 70_000, b"tail"], [b""], (b"t", bytearray(b"ba"), memoryview(b"mv"))]
+    for parts in sent:
+        send_frames(a, parts)
+    got = []
+    for _ in sent:
+        assert b.poll(2000)
+        got.append(b.recv_multipart())
+    assert got == [[bytes(p) for p in parts] for parts in sent]
+    assert not b.poll(50)  # nothing more, nothing split
+
+
+def test_send_frames_blocked_queues_nothing_of_the_message():
+    """NOBLOCK with nowhere to send: zmq.Again from the first frame, and no part of the message
+    is left queued to reach a peer that connects later (the broker retries the whole message)."""
+    ctx = zmq.Context.instance()
+    url = f"inproc://frames-{uuid.uuid4().hex}"
+    d = ctx.socket(zmq.DEALER)
+    d.bind(url)
+    try:
+        with pytest.raises(zmq.Again):
+            send_frames(d, [b"h", b"body"], NOBLOCK)
+        peer = ctx.socket(zmq.DEALER)
+        peer.connect(url)
+        try:
+            assert d.poll(2000, zmq.POLLOUT)  # the bound side has taken the new peer's pipe
+            send_frames(d, [b"h2", b"body2"], NOBLOCK)
+            assert peer.poll(2000)
+            assert peer.recv_multipart() == [b"h2", b"body2"]
+            assert not peer.poll(50)
+        finally:
+            peer.close(0)
+    finally:
+        d.close(0)
