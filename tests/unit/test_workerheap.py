@@ -33,7 +33,8 @@ def test_the_first_call_freezes_what_the_process_holds_and_later_calls_do_nothin
         assert len(gc.get_objects(generation=2)) < tracked * 0.1  # a full collection walks these only
         made_since = [[i] for i in range(1000)]  # new objects: a second call must not freeze them
         assert freeze_worker_heap() is False               # once per process
-        assert gc.get_freeze_count() == frozen and len(made_since) == 1000
+        assert gc.get_freeze_count() == frozen
+        del made_since  # alive until the count above was taken
         print("ok")
     """)
     assert out == "ok"
