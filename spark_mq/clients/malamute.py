@@ -757,12 +757,20 @@ class MalamuteReceiver(_Status):
             # ``receive`` does with one, but for the state after a lost server (which ``tick``
             # alone sets, never ``receive``: it cannot change inside this loop)
             fast = body is not None and proto.state is not State.LOST
+            known = fields = None  # the last delivery header and its fields (the transport hands a
+            # header that repeats over as the same object: one identity test per delivery)
             for frames in batch:
                 if fast:
-                    fields = delivery_fields(frames[0])
-                    if fields is not None:
+                    header = frames[0]
+                    if header is known:
                         out.append((fields, frames))
                         continue
+                    fields = delivery_fields(header)
+                    if fields is not None:
+                        known = header
+                        out.append((fields, frames))
+                        continue
+                    known = None
                 try:
                     events = receive(frames, now)
                 except RemoteProtocolError as exc:

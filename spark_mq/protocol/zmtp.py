@@ -125,6 +125,13 @@ class BodyBuffer:
         self.data = bytearray(size)
         self.fill = 0
 
+    def room(self, size: int) -> None:
+        """Make ``data`` hold at least ``size`` bytes after ``fill`` (growing by half at least, so
+        that a buffer filled a read at a time is not copied each time it grows)."""
+        short = self.fill + size - len(self.data)
+        if short > 0:
+            self.data += bytes(max(short, len(self.data) // 2))
+
     def append(self, data) -> tuple:
         """Copy ``data`` in after what is there; its ``(start, stop)``."""
         start = self.fill
@@ -190,6 +197,7 @@ class ZmtpConnection:
         self._fill = 0     # end of the bytes received
         self._need = 0     # bytes from _pos the next frame needs whole (0: unknown)
         self._frames: list = []  # frames of a message whose last frame has not arrived yet
+        self._header = b""  # the first frame of the last two-frame message ``messages`` took whole
         self._held_bytes = False  # ... and they are ``bytes`` (a body buffer gets them when it completes)
         self._out = bytearray(_greeting())
         self._out += encode_command(b"READY", encode_properties({b"Socket-Type": socket_type, b"Identity": identity}))
@@ -263,14 +271,51 @@ class ZmtpConnection:
         frames = self._frames
         relay = self._held_bytes and body is not None
         if body is not None:
-            bdata, bfill = body.data, body.fill
+            # every frame of this call comes out of buf[pos:fill]: room for all of it, then copies
+            # through a memoryview (cheaper than growing the bytearray by slice assignment)
+            body.room(fill - pos)
+            bdata, bfill = memoryview(body.data), body.fill
         count = need = 0
+        unpack_u64 = _U64.unpack_from
+        max_frame = self.max_frame
+        header = self._header  # the first frame of the last two-frame message, reused while it repeats
         try:
             while count < max_count:
                 left = fill - pos
                 if left < 2:
                     break
                 flags = buf[pos]
+                if flags == _MORE and body is not None and not frames:
+                    # The usual message with a body buffer: a short first frame, then one last frame
+                    # (a Malamute delivery: header, content). Taken in one step, its first frame the
+                    # same ``bytes`` object as the last message's when its bytes repeat (a stream of
+                    # deliveries repeats a few headers); anything else (a command, more frames, a
+                    # frame not all here, a bad size) goes the general way below, frame by frame.
+                    hstop = pos + 2 + buf[pos + 1]
+                    if hstop + 2 <= fill:
+                        last = buf[hstop]
+                        if last == _LONG:
+                            if hstop + 9 <= fill:
+                                (size,) = unpack_u64(buf, hstop + 1)
+                                start = hstop + 9
+                            else:
+                                size = -1
+                        elif last == 0:
+                            size = buf[hstop + 1]
+                            start = hstop + 2
+                        else:
+                            size = -1
+                        if 0 <= size <= max_frame and start + size <= fill:
+                            hsize = hstop - pos - 2
+                            if len(header) != hsize or not buf.startswith(header, pos + 2):
+                                header = self._header = view[pos + 2:hstop].tobytes()
+                            stop = start + size
+                            bdata[bfill:bfill + size] = view[start:stop]
+                            out.append([header, (bfill, bfill + size)])
+                            bfill += size
+                            pos = stop
+                            count += 1
+                            continue
                 if flags & _LONG:
                     if left < 9:
                         break
@@ -291,7 +336,7 @@ class ZmtpConnection:
                     pos = stop
                     continue
                 if body is not None and frames:
-                    bdata[bfill:bfill + size] = view[start:stop]  # grows ``bdata`` past its end
+                    bdata[bfill:bfill + size] = view[start:stop]
                     frames.append((bfill, bfill + size))
                     bfill += size
                 else:
@@ -299,9 +344,11 @@ class ZmtpConnection:
                 pos = stop
                 if not flags & _MORE:
                     if relay:  # begun in an earlier call: its first frames are bytes
+                        bdata.release()  # _relay may grow the buffer
                         body.fill = bfill
                         _relay(frames, body)
-                        bfill = body.fill
+                        body.room(fill - pos)
+                        bdata, bfill = memoryview(body.data), body.fill
                         relay = False
                     out.append(frames)
                     frames = self._frames = []
@@ -309,6 +356,7 @@ class ZmtpConnection:
         finally:
             self._need = need
             if body is not None:
+                bdata.release()
                 body.fill = bfill
                 if frames:
                     _detach(frames, body)

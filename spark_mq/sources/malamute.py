@@ -172,6 +172,26 @@ class MalamuteConsumer:
         self.client.close(timeout=1.0)
 
 
+_CONSTANTS: dict = {}  # (value, rows, type) -> a column of that value: groups repeat a few
+_CONSTANTS_MAX = 64     # columns kept at most (then all are dropped: a new set of values has come)
+_CONSTANT_BYTES_MAX = 4 << 20  # a column larger than this (in value bytes) is not kept
+
+
+def _constant(value, n: int, type_: pa.DataType) -> pa.Array:
+    """``A.repeated(value, n, type_)``, built once for each value, count and type and then shared by
+    every group that has them (an Arrow array is immutable; a record batch only refers to it): a
+    group of deliveries mostly repeats the last group's headers, destination and row count."""
+    key = (value, n, type_)
+    column = _CONSTANTS.get(key)
+    if column is None:
+        column = A.repeated(value, n, type_)
+        if column.nbytes <= _CONSTANT_BYTES_MAX:
+            if len(_CONSTANTS) >= _CONSTANTS_MAX:
+                _CONSTANTS.clear()
+            _CONSTANTS[key] = column
+    return column
+
+
 def deliveries_batch(items: list, body, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
     """The source's record batch of the deliveries ``MalamuteReceiver.poll(..., body)`` took (``(fields,
     frames)`` items), with ``body`` the bytes its buffer holds (``memoryview(buffer.data)[:buffer.fill]``):
@@ -186,14 +206,14 @@ def deliveries_batch(items: list, body, destination: str, offset: int, now_us: i
         one = fields[0]
 
         def header_col(get, type_):
-            return A.repeated(get(one), n, type_)
+            return _constant(get(one), n, type_)
     else:
         def header_col(get, type_):
             return A.column([get(f) for f in fields], type_)
     header_cols = [header_col(lambda f: f.get("tracker") or None, types[2])] + \
         [header_col(itemgetter(k), types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
         [header_col(lambda f: f.get("tracker") or "", types[10])]
-    if any(len(c) != 2 for c in frames):  # not one content frame each: the frames column too
+    if list(map(len, frames)).count(2) != n:  # not one content frame each: the frames column too
         view = memoryview(body)
         listed = [None if len(c) == 2 else [view[a:b].tobytes() for a, b in c[1:]] for c in frames]
         view.release()
@@ -201,14 +221,14 @@ def deliveries_batch(items: list, body, destination: str, offset: int, now_us: i
         frames_col = A.column(listed, types[11])
     else:
         bodies = A.binary_spans(body, [c[1] for c in frames], types[0])
-        frames_col = pa.nulls(n, types[11])
+        frames_col = _constant(None, n, types[11])
     arrays = [
         bodies,
-        A.repeated(destination, n, types[1]),
+        _constant(destination, n, types[1]),
         header_cols[0],
         A.repeated(now_us, n, types[3]),
-        pa.nulls(n, types[4]),
-        A.repeated(False, n, types[5]),
+        _constant(None, n, types[4]),
+        _constant(False, n, types[5]),
         pa.Array.from_buffers(types[6], n, [None, pa.py_buffer(np.arange(offset, offset + n, dtype=np.int64))]),
         *header_cols[1:],
         frames_col,

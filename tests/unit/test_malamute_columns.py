@@ -143,3 +143,32 @@ def test_delivery_fields_are_decoded_once_per_header_and_only_for_deliveries():
     assert codec.delivery_fields(header[:-1]) is None  # malformed: left to decode, which names it
     assert codec.delivery_fields(b"") is None
 
+
+
+def test_constant_columns_are_shared_by_groups_that_repeat_them(monkeypatch):
+    """A group's constant columns (headers, destination, nulls) are built once per value, row count
+    and type and shared by later groups; each group's batch still equals its rows' batch, and the
+    cache holds a bounded number of columns."""
+    from spark_mq.sources import malamute as M
+
+    monkeypatch.setattr(M, "_CONSTANTS", {})
+    deliveries = CASES["single frames, one sender"][:40]
+    first = deliveries_batch(*as_received(deliveries), "dest", 0, 1)
+    second = deliveries_batch(*as_received(deliveries), "dest", 40, 2)
+    assert second.equals(rows_of(deliveries, "dest", 40, 2))
+    def memory(batch, name):
+        return [b.address if b is not None else None for b in batch.column(name).buffers()]
+
+    shared = ("destination", "sender", "address", "subject", "tracker", "redelivered")
+    for name in shared:  # the same memory, not equal copies
+        assert any(memory(second, name)) and memory(second, name) == memory(first, name), name
+    assert memory(second, "body") != memory(first, "body") and memory(second, "offset") != memory(first, "offset")
+    other = deliveries_batch(*as_received(deliveries[:39]), "other", 0, 1)  # another count and destination
+    assert other.equals(rows_of(deliveries[:39], "other", 0, 1))
+    assert other.column("destination").to_pylist() == ["other"] * 39
+    # "" and None are different values, not one key
+    assert M._constant("", 3, pa.string()).to_pylist() == ["", "", ""]
+    assert M._constant(None, 3, pa.string()).to_pylist() == [None, None, None]
+    for i in range(3 * M._CONSTANTS_MAX):
+        M._constant(f"v{i}", 2, pa.string())
+    assert len(M._CONSTANTS) <= M._CONSTANTS_MAX

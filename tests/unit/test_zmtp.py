@@ -531,3 +531,95 @@ def test_a_message_completed_into_a_body_buffer_is_laid_in_whole():
     assert conn.messages(out, ALL, body) == 2
     assert out == [[b"head", (4, 7), (7, 10)], [b"h2", (10, 15)]]
     assert bytes(body) == b"heldonetwothree" and len(body.data) == 64
+
+
+# -- two-frame messages with a body buffer: taken in one step ---------------------------------------
+
+
+def body_outcome(data: bytes, sizes, max_frame: int = 1 << 16) -> tuple:
+    """Messages (spans read back) and the error, taken with a new body buffer after each chunk
+    (``max_frame`` as ``outcome``'s)."""
+    conn = ZmtpConnection(max_frame=max_frame)
+    taken: list = []
+
+    def take(_out: list) -> None:
+        body = BodyBuffer()
+        got: list = []
+        try:
+            conn.messages(got, ALL, body)
+        finally:
+            taken.extend((m, body) for m in got)
+
+    try:
+        feed(conn, data, sizes, [], take)
+        error = None
+    except RemoteProtocolError as exc:
+        error = str(exc)
+    return resolved(taken), error
+
+
+def test_a_repeated_first_frame_is_handed_out_as_the_same_object():
+    """Consecutive two-frame messages whose first frames hold the same bytes share one ``bytes``
+    object (the Malamute receiver then looks their header up once); another header in between
+    gets its own, and the values are those of the plain parse."""
+    msgs = [[b"header-a", b"x" * 300], [b"header-a", b"y"], [b"header-b", b"z" * 5],
+            [b"header-a", b""], [b"header-a", b"w" * 1000]]
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    body = BodyBuffer()
+    out: list = []
+    assert conn.messages(out, ALL, body) == len(msgs)
+    assert resolved([(m, body) for m in out]) == msgs
+    assert out[0][0] is out[1][0]
+    assert out[2][0] is not out[1][0] and out[3][0] is not out[2][0]
+    assert out[3][0] is out[4][0]
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+def test_two_frame_messages_around_commands_and_longer_messages_come_out_the_same(chunking):
+    """The one-step path for (short first frame, last frame) gives way to the frame-by-frame parse
+    for anything else (a PING between the two frames or between messages, three frames, a long
+    first frame, a one-frame message), with the same messages and the PINGs answered."""
+    ping = command(b"PING", b"\x00\x0actx")
+    parts = [message(b"h", b"one"), frame(b"h", MORE) + ping + frame(b"two"), ping, message(b"h", b"a", b"b"),
+             message(b"H" * 300, b"long head"), message(b"single"), message(b"h", b"L" * 70_000),
+             message(b"h", b"three")]
+    expected = [[b"h", b"one"], [b"h", b"two"], [b"h", b"a", b"b"], [b"H" * 300, b"long head"], [b"single"],
+                [b"h", b"L" * 70_000], [b"h", b"three"]]
+    conn = ZmtpConnection()
+    taken = feed_body(conn, peer() + b"".join(parts), CHUNKINGS[chunking](), [])
+    assert resolved(taken) == expected
+    assert conn.data_to_send().count(b"PONG") == 2
+
+
+def test_a_last_frame_over_max_frame_raises_in_a_two_frame_message():
+    """The size check holds on the one-step path: a two-frame message whose last frame announces
+    more than ``max_frame`` raises at that frame's header, the message before it delivered."""
+    data = peer([b"ok", b"fine"]) + frame(b"head", MORE) + b"\x02" + (1001).to_bytes(8, "big")
+    taken, error = body_outcome(data, None, max_frame=1000)
+    assert taken == [[b"ok", b"fine"]]
+    assert error is not None and "1001" in error
+
+
+def test_fuzz_mutated_two_frame_streams_with_a_body_buffer():
+    """Mutations of a stream of two-frame messages: taken with body buffers, whole or in random
+    chunks, the same messages and error as the plain parse."""
+    valid = peer(*[[b"hdr", b"v" * (i * 97 % 400)] for i in range(12)], [b"a", b"b", b"c"])
+    assert body_outcome(valid, None) == (outcome(valid, None)[0], None)
+    for seed in range(500):
+        rng = random.Random(seed)
+        data = bytearray(valid)
+        for _ in range(rng.randint(1, 4)):
+            op, at = rng.randrange(4), rng.randrange(len(data))
+            if op == 0:
+                data[at] = rng.randrange(256)
+            elif op == 1:
+                data[at] ^= 1 << rng.randrange(8)
+            elif op == 2:
+                data.insert(at, rng.randrange(256))
+            else:
+                del data[at:at + rng.randint(1, 10)]
+        data = bytes(data)
+        plain, _, error, _ = outcome(data, None)
+        assert body_outcome(data, None) == (plain, error), seed
+        assert body_outcome(data, random_sizes(seed, 16)) == (plain, error), seed
