@@ -126,11 +126,12 @@ class BodyBuffer:
         self.fill = 0
 
     def room(self, size: int) -> None:
-        """Make ``data`` hold at least ``size`` bytes after ``fill`` (growing by half at least, so
-        that a buffer filled a read at a time is not copied each time it grows)."""
+        """Make ``data`` hold at least ``size`` bytes after ``fill`` (growing by an eighth at least,
+        as a ``bytearray`` grows by itself, so that a buffer filled a read at a time is not copied
+        each time it grows; the new bytes are written, so kept small)."""
         short = self.fill + size - len(self.data)
         if short > 0:
-            self.data += bytes(max(short, len(self.data) // 2))
+            self.data += bytes(max(short, len(self.data) >> 3))
 
     def append(self, data) -> tuple:
         """Copy ``data`` in after what is there; its ``(start, stop)``."""

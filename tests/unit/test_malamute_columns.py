@@ -155,6 +155,7 @@ def test_constant_columns_are_shared_by_groups_that_repeat_them(monkeypatch):
     deliveries = CASES["single frames, one sender"][:40]
     first = deliveries_batch(*as_received(deliveries), "dest", 0, 1)
     second = deliveries_batch(*as_received(deliveries), "dest", 40, 2)
+    assert first.equals(rows_of(deliveries, "dest", 0, 1))
     assert second.equals(rows_of(deliveries, "dest", 40, 2))
     def memory(batch, name):
         return [b.address if b is not None else None for b in batch.column(name).buffers()]

@@ -570,9 +570,36 @@ def test_a_repeated_first_frame_is_handed_out_as_the_same_object():
     out: list = []
     assert conn.messages(out, ALL, body) == len(msgs)
     assert resolved([(m, body) for m in out]) == msgs
-    assert out[0][0] is out[1][0]
-    assert out[2][0] is not out[1][0] and out[3][0] is not out[2][0]
-    assert out[3][0] is out[4][0]
+    assert out[0][0] is out[1][0] and out[3][0] is out[4][0]
+
+
+@pytest.mark.parametrize("flags", [0x01, 0x04, 0x05, 0x06, 0x08, 0x80])
+def test_a_last_frame_with_other_flags_is_left_to_the_frame_by_frame_parse(flags):
+    """After a short first frame with MORE, the one-step path takes only a last frame flagged 0x00
+    or 0x02: MORE (a third frame follows), COMMAND and reserved bits go the general way, with the
+    plain parse's outcome (a third frame, a PONG answered... or the error that names the flags)."""
+    second = bytes((flags, 3)) + b"abc" if not flags & LONG else bytes((flags,)) + (3).to_bytes(8, "big") + b"abc"
+    rest = frame(b"end") if flags & MORE else b""
+    data = peer([b"ok", b"body"]) + frame(b"hdr", MORE) + second + rest + message(b"after", b"x")
+    plain = outcome(data, None)
+    assert body_outcome(data, None) == (plain[0], plain[2])
+    assert body_outcome(data, itertools.repeat(1)) == (plain[0], plain[2])
+    if flags & 0xF8:
+        assert plain[2] is not None and "reserved" in plain[2]
+
+
+def test_max_count_stops_the_one_step_path_and_the_rest_follows_in_order():
+    """``max_count`` below the messages waiting: the one-step path takes that many, the next call
+    the rest, in order, into the same buffer after the first ones."""
+    msgs = [[b"h", b"m%d" % i] for i in range(10)]
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    body = BodyBuffer()
+    out: list = []
+    assert conn.messages(out, 4, body) == 4 and body.fill == 8
+    assert conn.messages(out, ALL, body) == 6
+    assert resolved([(m, body) for m in out]) == msgs
+    assert [f[1] for f in out] == [(2 * i, 2 * i + 2) for i in range(10)]
 
 
 @pytest.mark.parametrize("chunking", list(CHUNKINGS))
@@ -595,7 +622,8 @@ def test_two_frame_messages_around_commands_and_longer_messages_come_out_the_sam
 def test_a_last_frame_over_max_frame_raises_in_a_two_frame_message():
     """The size check holds on the one-step path: a two-frame message whose last frame announces
     more than ``max_frame`` raises at that frame's header, the message before it delivered."""
-    data = peer([b"ok", b"fine"]) + frame(b"head", MORE) + b"\x02" + (1001).to_bytes(8, "big")
+    # the whole frame is there: without the check, the one-step path would take the message
+    data = peer([b"ok", b"fine"]) + frame(b"head", MORE) + b"\x02" + (1001).to_bytes(8, "big") + b"x" * 1001
     taken, error = body_outcome(data, None, max_frame=1000)
     assert taken == [[b"ok", b"fine"]]
     assert error is not None and "1001" in error
