@@ -438,25 +438,30 @@ def test_fuzz_random_bytes_after_the_handshake():
         assert outcome(data, None) == outcome(data, itertools.repeat(1)), seed
 
 
+def mutated(valid: bytes, seed: int) -> bytes:
+    """``valid`` with 1 to 4 random changes: a byte replaced or flipped, inserted or cut out."""
+    rng = random.Random(seed)
+    data = bytearray(valid)
+    for _ in range(rng.randint(1, 4)):
+        op, at = rng.randrange(4), rng.randrange(len(data))
+        if op == 0:
+            data[at] = rng.randrange(256)
+        elif op == 1:
+            data[at] ^= 1 << rng.randrange(8)
+        elif op == 2:
+            data.insert(at, rng.randrange(256))
+        else:
+            del data[at:at + rng.randint(1, 10)]
+    return bytes(data)
+
+
 def test_fuzz_mutated_valid_streams():
     """Random mutations of a valid stream: parse or RemoteProtocolError, same in random chunks."""
     valid = (greeting(minor=1) + ready(b"ROUTER", (b"Identity", b"")) + message(b"a", b"", b"bc")
              + command(b"PING", b"\x00\x10ctx") + message(b"L" * 300) + message(b"") + message(b"x", b"y" * 256))
     assert outcome(valid, None)[2] is None
     for seed in range(1000):
-        rng = random.Random(seed)
-        data = bytearray(valid)
-        for _ in range(rng.randint(1, 4)):
-            op, at = rng.randrange(4), rng.randrange(len(data))
-            if op == 0:
-                data[at] = rng.randrange(256)
-            elif op == 1:
-                data[at] ^= 1 << rng.randrange(8)
-            elif op == 2:
-                data.insert(at, rng.randrange(256))
-            else:
-                del data[at:at + rng.randint(1, 10)]
-        data = bytes(data)
+        data = mutated(valid, seed)
         assert outcome(data, None) == outcome(data, random_sizes(seed, 16)), seed
 
 
@@ -635,19 +640,7 @@ def test_fuzz_mutated_two_frame_streams_with_a_body_buffer():
     valid = peer(*[[b"hdr", b"v" * (i * 97 % 400)] for i in range(12)], [b"a", b"b", b"c"])
     assert body_outcome(valid, None) == (outcome(valid, None)[0], None)
     for seed in range(500):
-        rng = random.Random(seed)
-        data = bytearray(valid)
-        for _ in range(rng.randint(1, 4)):
-            op, at = rng.randrange(4), rng.randrange(len(data))
-            if op == 0:
-                data[at] = rng.randrange(256)
-            elif op == 1:
-                data[at] ^= 1 << rng.randrange(8)
-            elif op == 2:
-                data.insert(at, rng.randrange(256))
-            else:
-                del data[at:at + rng.randint(1, 10)]
-        data = bytes(data)
+        data = mutated(valid, seed)
         plain, _, error, _ = outcome(data, None)
         assert body_outcome(data, None) == (plain, error), seed
         assert body_outcome(data, random_sizes(seed, 16)) == (plain, error), seed
