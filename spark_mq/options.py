@@ -427,8 +427,9 @@ SOURCE_OPTIONS = define(
     OptionSpec("numPartitions", OptionType.INT, minimum=1, directions=_SRC, doc=(
         "Split each micro-batch into this many partitions (contiguous log ranges; order is kept within each). "
         "Default: by size and count, see maxPartitionBytes and maxPartitionMessages.")),
-    OptionSpec("maxPartitionBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
-               doc="Without numPartitions: a partition holds at most about this many body bytes."),
+    OptionSpec("maxPartitionBytes", OptionType.SIZE, default=128 << 20, minimum=1, directions=_SRC, doc=(
+        "Without numPartitions: a partition holds at most about this many body bytes (as Spark's "
+        "spark.sql.files.maxPartitionBytes; each task costs a fixed share, measured).")),
     OptionSpec("maxPartitionMessages", OptionType.INT, default=50_000, minimum=1, directions=_SRC, doc=(
         "Without numPartitions: a partition holds at most this many messages (a large batch of small "
         "bodies is read by several tasks at once).")),

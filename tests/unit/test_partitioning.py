@@ -17,7 +17,7 @@ def _opts(**extra):
 @pytest.mark.parametrize("count, body_bytes, expected", [
     (1, 10, 1),
     (500_000, 50_000_000, 10),        # 100 B bodies: by count (50,000 each), not one 50 MB partition
-    (200_000, 819_200_000, 13),       # 4 KiB bodies: by bytes (64 MiB each), count would say 4
+    (200_000, 819_200_000, 7),        # 4 KiB bodies: by bytes (128 MiB each), count would say 4
     (50_000, 5_000_000, 1),           # exactly one partition's worth of messages
     (50_001, 5_000_100, 2),
     (3, 3 << 30, 3),                  # 1 GiB bodies: never more partitions than messages

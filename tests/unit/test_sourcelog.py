@@ -385,3 +385,167 @@ def test_body_bytes_is_the_sum_over_the_messages_held(tmp_path_factory, groups, 
             held = body[max(lo, tail):min(hi, head)]
             assert log.body_bytes(lo, hi) == sum(held), (lo, hi, tail, head, reopened)
     log.close()
+
+
+# -- write-behind (``defer_writes``: the ingest's flusher writes each group, then fsyncs it) ----------
+
+
+def _segment_bytes(log: SourceLog) -> list[bytes]:
+    out = []
+    for path in log.segment_paths():
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def test_write_behind_writes_at_sync_and_leaves_the_same_segments(tmp_path):
+    """``append`` books a deferred batch (the head moves) but writes nothing; ``sync()`` writes it
+    before its fsync. The segments end up byte for byte as a log writing at once leaves them,
+    rotations included, and a reopened log reads every message back."""
+    direct = SourceLog(str(tmp_path / "direct"), SCHEMA, segment_bytes=3000)
+    behind = SourceLog(str(tmp_path / "behind"), SCHEMA, segment_bytes=3000)
+    behind.defer_writes()
+    for first in range(0, 60, 6):
+        direct.append(rows(first, 6, size=40))
+        behind.append(rows(first, 6, size=40))
+        if first == 0:
+            (path,) = behind.segment_paths()
+            assert os.path.getsize(path) == len(SCHEMA.serialize())  # the schema only: the batch waits
+            assert (behind.head, behind.durable_head) == (6, 0)
+        if first == 30:
+            behind.sync()
+            assert behind.durable_head == 36
+    assert len(behind.segment_paths()) > 2  # rotations happened with batches still unwritten
+    direct.sync()
+    behind.sync()
+    assert behind.durable_head == behind.head == 60
+    assert _segment_bytes(behind) == _segment_bytes(direct)
+    behind.close()
+    direct.close()
+    again = SourceLog(str(tmp_path / "behind"), SCHEMA)
+    assert again.recovered_truncations == 0
+    assert offsets(again.read(0, 60)) == list(range(60))
+    again.close()
+
+
+def test_write_behind_rotation_writes_the_closed_segment_before_its_fsync(tmp_path, monkeypatch):
+    """A rotation closes the active segment: what was appended to it and not yet written goes in
+    first, and the fsync that makes it durable comes after that write."""
+    events = []
+    real_write, real_fsync = os.write, os.fsync
+    monkeypatch.setattr(os, "write", lambda fd, data: (events.append(("write", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                       real_write(fd, data))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    log = SourceLog(str(tmp_path / "log"), SCHEMA, segment_bytes=1000)
+    log.defer_writes()
+    log.append(rows(0, 3, size=400))  # past segment_bytes: the next append rotates
+    (first,) = log.segment_paths()
+    events.clear()
+    log.append(rows(3, 1))  # rotates: the unwritten batch of the first segment is written, then fsynced
+    assert events[:2] == [("write", first), ("fsync", first)]
+    assert log.durable_head == 3
+    log.sync()
+    assert log.durable_head == 4
+    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    log.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert offsets(again.read(0, 4)) == [0, 1, 2, 3]
+    again.close()
+
+
+def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, monkeypatch):
+    """A ``sync()`` on the flusher's thread is held in its write while the ingest appends: what is
+    appended meanwhile is not counted durable by that sync (it may not be written before its fsync),
+    and the next sync covers it."""
+    import threading
+
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.defer_writes()
+    log.append(rows(0, 2))
+    real_write, entered, release = os.write, threading.Event(), threading.Event()
+
+    def slow_write(fd, data):
+        entered.set()
+        assert release.wait(10)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", slow_write)
+    syncing = threading.Thread(target=log.sync)
+    syncing.start()
+    assert entered.wait(10)
+    log.append(rows(2, 5))  # while the sync writes: booked, not blocked
+    assert (log.head, log.durable_head) == (7, 0)
+    release.set()
+    syncing.join(10)
+    monkeypatch.setattr(os, "write", real_write)
+    assert log.durable_head in (2, 7)  # the held sync may have written the second batch too, never counted it before
+    log.sync()
+    assert log.durable_head == 7
+    log.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert offsets(again.read(0, 7)) == list(range(7))
+    again.close()
+
+
+def test_write_behind_short_writes_are_completed(tmp_path, monkeypatch):
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, memoryview(data)[:97]))
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.defer_writes()
+    log.append(rows(0, 5, size=300))
+    log.sync()
+    monkeypatch.setattr(os, "write", real_write)
+    log.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert again.recovered_truncations == 0
+    assert offsets(again.read(0, 5)) == list(range(5))
+    again.close()
+
+
+def test_write_behind_a_failed_write_is_final(tmp_path, monkeypatch):
+    """A write that fails (a full disk) leaves part of a message in the segment: nothing after it
+    could be read back in order, so every later ``sync()`` fails the same way and nothing more
+    becomes durable; the reopened log keeps what was durable before and cuts the torn tail."""
+    import errno
+
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    log.defer_writes()
+    log.append(rows(0, 3))
+    log.sync()
+    real_write = os.write
+    calls = []
+
+    def full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, memoryview(data)[:50])  # part of the message, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    log.append(rows(3, 2))
+    with pytest.raises(OSError, match="No space"):
+        log.sync()
+    assert log.durable_head == 3
+    log.append(rows(5, 1))
+    monkeypatch.setattr(os, "write", real_write)  # space again: still nothing is written after the tear
+    with pytest.raises(OSError, match="No space"):
+        log.sync()
+    assert log.durable_head == 3
+    with pytest.raises(OSError, match="No space"):
+        log.close()
+    again = SourceLog(str(tmp_path / "log"), SCHEMA)
+    assert again.recovered_truncations == 1
+    assert again.head == 3 and offsets(again.read(0, 3)) == [0, 1, 2]
+    again.close()
+
+
+def test_write_behind_is_only_for_local_fsynced_logs(tmp_path):
+    for log in (SourceLog(str(tmp_path / "generic"), SCHEMA, local=False),
+                SourceLog(str(tmp_path / "nofsync"), SCHEMA, fsync=False)):
+        log.defer_writes()
+        log.append(rows(0, 4))
+        assert log.durable_head == log.head == 4  # durable when written: written at once
+        assert offsets(log.read(0, 4)) == [0, 1, 2, 3]
+        log.close()
