@@ -398,6 +398,16 @@ def _segment_bytes(log: SourceLog) -> list[bytes]:
     return out
 
 
+def _reopened_offsets(path, truncations: int = 0) -> list[int]:
+    """The offsets a log at ``path`` holds when opened again (as a restarted query opens it)."""
+    again = SourceLog(str(path), SCHEMA)
+    try:
+        assert again.recovered_truncations == truncations
+        return offsets(again.read(again.tail, again.head))
+    finally:
+        again.close()
+
+
 def test_write_behind_writes_at_sync_and_leaves_the_same_segments(tmp_path):
     """``append`` books a deferred batch (the head moves) but writes nothing; ``sync()`` writes it
     before its fsync. The segments end up byte for byte as a log writing at once leaves them,
@@ -422,10 +432,7 @@ def test_write_behind_writes_at_sync_and_leaves_the_same_segments(tmp_path):
     assert _segment_bytes(behind) == _segment_bytes(direct)
     behind.close()
     direct.close()
-    again = SourceLog(str(tmp_path / "behind"), SCHEMA)
-    assert again.recovered_truncations == 0
-    assert offsets(again.read(0, 60)) == list(range(60))
-    again.close()
+    assert _reopened_offsets(tmp_path / "behind") == list(range(60))
 
 
 def test_write_behind_rotation_writes_the_closed_segment_before_its_fsync(tmp_path, monkeypatch):
@@ -450,9 +457,7 @@ def test_write_behind_rotation_writes_the_closed_segment_before_its_fsync(tmp_pa
     monkeypatch.setattr(os, "write", real_write)
     monkeypatch.setattr(os, "fsync", real_fsync)
     log.close()
-    again = SourceLog(str(tmp_path / "log"), SCHEMA)
-    assert offsets(again.read(0, 4)) == [0, 1, 2, 3]
-    again.close()
+    assert _reopened_offsets(tmp_path / "log") == [0, 1, 2, 3]
 
 
 def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, monkeypatch):
@@ -484,9 +489,7 @@ def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, mon
     log.sync()
     assert log.durable_head == 7
     log.close()
-    again = SourceLog(str(tmp_path / "log"), SCHEMA)
-    assert offsets(again.read(0, 7)) == list(range(7))
-    again.close()
+    assert _reopened_offsets(tmp_path / "log") == list(range(7))
 
 
 def test_write_behind_short_writes_are_completed(tmp_path, monkeypatch):
@@ -498,10 +501,7 @@ def test_write_behind_short_writes_are_completed(tmp_path, monkeypatch):
     log.sync()
     monkeypatch.setattr(os, "write", real_write)
     log.close()
-    again = SourceLog(str(tmp_path / "log"), SCHEMA)
-    assert again.recovered_truncations == 0
-    assert offsets(again.read(0, 5)) == list(range(5))
-    again.close()
+    assert _reopened_offsets(tmp_path / "log") == list(range(5))
 
 
 def test_write_behind_a_failed_write_is_final(tmp_path, monkeypatch):
@@ -535,10 +535,7 @@ def test_write_behind_a_failed_write_is_final(tmp_path, monkeypatch):
     assert log.durable_head == 3
     with pytest.raises(OSError, match="No space"):
         log.close()
-    again = SourceLog(str(tmp_path / "log"), SCHEMA)
-    assert again.recovered_truncations == 1
-    assert again.head == 3 and offsets(again.read(0, 3)) == [0, 1, 2]
-    again.close()
+    assert _reopened_offsets(tmp_path / "log", truncations=1) == [0, 1, 2]
 
 
 def test_write_behind_is_only_for_local_fsynced_logs(tmp_path):
