@@ -134,8 +134,8 @@ class _Flusher:
 
     Measured before it (``./dev bench sources`` scratch runs, 300,000 x 4 KiB Malamute mails, the
     ingest alone): the ingest thread spent 1.8-2.0 s of its 4.5-4.9 s waiting in fsync, while the
-    fsync of 1 MiB costs no CPU of ours; and, with the fsync here, about a third of its remaining
-    time in ``os.write`` (``perf``), which the log's write-behind (``SourceLog.defer_writes``) moves
+    fsync of 1 MiB costs no CPU of ours; and, with the fsync here, about a sixth of its busy time
+    in ``os.write`` (``py-spy``), which the log's write-behind (``SourceLog.defer_writes``) moves
     here too. ``request(head)`` asks for everything appended up to ``head`` (one ``sync()`` writes
     and fsyncs all appends made before it starts); ``log.durable_head`` says how far it got;
     ``on_synced`` is called after each. Any failure of a write or an fsync is kept in ``error`` and
