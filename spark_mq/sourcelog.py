@@ -597,8 +597,7 @@ class SourceLog:
             self._segments = []
             if self.local:
                 if self._fd is not None:
-                    self._write_unwritten()
-                    os.close(self._fd)
+                    os.close(self._fd)  # nothing unwritten: the log holds no batch
                     self._fd = None
                 self._new_segment(offset)
             else:
