@@ -468,7 +468,8 @@ SOURCE_OPTIONS = define(
                     "after about 10 s.")),
     OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
         "availableNow and batch reads: the backlog is drained once nothing arrives for this long "
-        "(AMQP availableNow also uses the queue depth).")),
+        "(AMQP availableNow also uses the queue depth). Silence counts only while the broker is free to "
+        "send: connected, not paused, and from the last acknowledgement (a slow fsync holds the prefetch).")),
     OptionSpec("maxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
                doc="Batch reads (spark.read): read at most this many messages."),
     OptionSpec("readTimeout", OptionType.DURATION, default=30.0, minimum=0, directions=_SRC,

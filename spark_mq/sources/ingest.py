@@ -554,12 +554,18 @@ class Ingest:
                 raise self._write_error(error) from flusher.error
         durable = self.log.durable_head
         consumer, gen = self._consumer, self._generation
+        acked = False
         while unsynced and unsynced[0][0] <= durable:
             _, group_gen, msgs = unsynced.popleft()
             # a group taken by a connection since lost is redelivered by the broker (and dropped as a
             # duplicate of what the log holds): its acks have nowhere to go
             if msgs is not None and group_gen == gen and consumer is not None:
                 consumer.ack(msgs)
+                acked = True
+        if acked:
+            # the broker held the rest back while these waited for the disk (prefetch): its silence
+            # counts from now, or an fsync slower than quietPeriod would end an availableNow drain
+            self.last_message = time.monotonic()
         if flusher is not None and flusher.error is not None and unsynced:
             raise self._write_error(flusher.error) from flusher.error
         if not unsynced:

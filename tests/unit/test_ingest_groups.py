@@ -378,3 +378,25 @@ def test_a_consumer_that_builds_its_batch_is_appended_whole_from_the_log_head(tm
     assert ing.consumed == 5 and ing.log.head == 5 and ing.first_poll_done
     assert [x for b in ing.log.read(0, 5) for x in b.column("body").to_pylist()] == [b"a" * 4096] * 3 + [b"b" * 4096] * 2
     ing.log.close()
+
+
+def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_path, monkeypatch):
+    """Durable mode without a queue depth (STOMP): while a group waits for its fsync, its messages
+    hold the broker's prefetch, so the broker is silent because of us. Silence counts from the acks
+    that follow the fsync, not from the last delivery: a slow disk must not end the drain early."""
+    import time
+
+    ing = _ingest(tmp_path, quietPeriod="200ms")
+    ing.ack_mode = "durable"  # as stomp has it; Malamute's rows suit the fake consumer
+    ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
+    real_sync = ing.log.sync
+    monkeypatch.setattr(ing.log, "sync", lambda: (time.sleep(0.5), real_sync()))
+    ing._consumer = _FakeConsumer([b"a", b"b"])
+    ing._step()                                    # the group, its 0.5 s fsync, then its acks
+    assert ing.log.durable_head == 2
+    ing._step()                                    # the broker had no time to send more yet
+    assert ing.target is None, "the drain ended on silence the fsync caused"
+    time.sleep(0.3)
+    ing._step()                                    # a quiet period after the acks: drained
+    assert ing.target == 2
+    ing.log.close()
