@@ -194,6 +194,19 @@ def pairs(protocols: dict, counts: dict, rounds: int, prefix: str):
 
 # -- the source through Spark -------------------------------------------------------------------
 
+def warm_workers(spark, fmt, preload, options) -> None:
+    """A small query in two partitions, so that both executor Python workers are running when the
+    next query starts. Spark stops a Python worker that stayed idle for a minute (PythonWorkerFactory's
+    IDLE_WORKER_TIMEOUT_NS, not configurable), and a pair's preload and raw run take longer than
+    that: without this the measured source run started fresh workers (each importing numpy, pyarrow
+    and pyspark's modules from Spark's zip: 2.6-3.5 CPU-s more in the workers and 2.6-4.0 s more per
+    1,000,000 x 4 KiB Malamute run, scratch A/B of 2 rounds on 2026-11-26), while Spark alone, which
+    follows the source within seconds, never did. Unmeasured; the same for every format."""
+    warm = f"bench-{fmt}-warmup-{uuid.uuid4().hex[:6]}"
+    preload(warm, WARMUP, 100)
+    run_source(spark, fmt, {**options(warm), "numPartitions": "2"}, tempfile.mkdtemp(prefix="bench-log-"))
+
+
 class SourceRun(NamedTuple):
     rows: int
     seconds: float               # start() (load() included) to termination
@@ -357,11 +370,7 @@ def main(argv: list[str]) -> dict:
         measured: dict = {}
         warm_ups: dict = {}
         for fmt, (preload, raw, options) in protocols.items():
-            warm = f"bench-{fmt}-warmup-{uuid.uuid4().hex[:6]}"
-            preload(warm, WARMUP, 100)
-            # two partitions: both executor Python workers start here (a cold one costs ~1.3 s in the
-            # first measured query otherwise, a cost of Spark's, not of the source's)
-            run_source(spark, fmt, {**options(warm), "numPartitions": "2"}, tempfile.mkdtemp(prefix="bench-log-"))
+            warm_workers(spark, fmt, preload, options)
         if warm_up:
             for fmt, (preload, raw, options) in protocols.items():
                 for label, size in SIZES.items():
@@ -382,6 +391,7 @@ def main(argv: list[str]) -> dict:
             with ProcessCpu() as raw_cpu:
                 got_raw, raw_s = raw(name + "-raw", n)
             preload(name, n, size)
+            warm_workers(spark, fmt, preload, options)
             src_settle = settle()
             with ProcessCpu() as src_cpu:
                 got_src, src_s, _, batch_s, first_s = run_source(spark, fmt, options(name),
@@ -452,6 +462,7 @@ def main(argv: list[str]) -> dict:
                   f"{MEMORY_BOUND} messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
                   f"max {m['reader_rss_mib_max']:.0f}")
     figures["warm_up_queries"] = warm_up
+    figures["warm_workers"] = True  # every measured source run starts with both Python workers running
     figures["warm_up_jit_cpu"] = warm_ups  # per format and size: the JIT's CPU-s in each warm-up query
     write_results("sources", figures, partial=bool(only) or not memory_n or not memory_mlm_n)
     return figures

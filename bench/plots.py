@@ -392,6 +392,18 @@ def page() -> str:
                                                                    for k, v in measured) + ".",
             ]
         parts.append("")
+    if src.get("warm_workers"):
+        parts += [
+            "Each measured source run also starts with both executor Python workers running: a small query",
+            "in two partitions runs just before it (`warm_workers`). Spark stops a Python worker idle for a",
+            "minute (not configurable), and a pair's preload and raw run take longer, so before 2026-11-26",
+            "every measured source run started fresh workers while Spark alone, which follows it within",
+            "seconds, did not. Fresh workers import numpy, pyarrow and pyspark's modules (from Spark's zip, so",
+            "compiled from source each time): a scratch A/B on 1,000,000 x 4 KiB Malamute messages (2 rounds)",
+            "measured 2.6-3.5 CPU-s more in the workers and 2.6-4.0 s more per run with fresh workers. A",
+            "long-running query pays that once; an availableNow job pays it at every start, as a fixed cost.",
+            "",
+        ]
     settles = [row[key] for row in (_load("sources") or {}).values() if isinstance(row, dict)
                for key in ("raw_settle", "source_settle") if isinstance(row.get(key), dict)]
     if settles:
