@@ -199,7 +199,7 @@ def warm_workers(spark, fmt, preload, options) -> None:
     next query starts. Spark stops a Python worker that stayed idle for a minute (PythonWorkerFactory's
     IDLE_WORKER_TIMEOUT_NS, not configurable), and a pair's preload and raw run take longer than
     that: without this the measured source run started fresh workers (each importing numpy, pyarrow
-    and pyspark's modules from Spark's zip: 2.6-3.5 CPU-s more in the workers and 2.6-4.0 s more per
+    and pyspark's modules from Spark's zip: 2.3-3.5 CPU-s more in the workers and 2.7-4.0 s more per
     1,000,000 x 4 KiB Malamute run, scratch A/B of 2 rounds on 2026-11-26), while Spark alone, which
     follows the source within seconds, never did. Unmeasured; the same for every format."""
     warm = f"bench-{fmt}-warmup-{uuid.uuid4().hex[:6]}"

@@ -400,7 +400,7 @@ def page() -> str:
             "every measured source run started fresh workers while Spark alone, which follows it within",
             "seconds, did not. Fresh workers import numpy, pyarrow and pyspark's modules (from Spark's zip, so",
             "compiled from source each time): a scratch A/B on 1,000,000 x 4 KiB Malamute messages (2 rounds)",
-            "measured 2.6-3.5 CPU-s more in the workers and 2.6-4.0 s more per run with fresh workers. A",
+            "measured 2.3-3.5 CPU-s more in the workers and 2.7-4.0 s more per run with fresh workers. A",
             "long-running query pays that once; an availableNow job pays it at every start, as a fixed cost.",
             "",
         ]
