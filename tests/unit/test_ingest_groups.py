@@ -386,17 +386,18 @@ def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_pa
     that follow the fsync, not from the last delivery: a slow disk must not end the drain early."""
     import time
 
-    ing = _ingest(tmp_path, quietPeriod="200ms")
+    # a 1 s quiet period, so that a stall of the test machine between two steps cannot pass for it
+    ing = _ingest(tmp_path, quietPeriod="1s")
     ing.ack_mode = "durable"  # as stomp has it; Malamute's rows suit the fake consumer
     ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
     real_sync = ing.log.sync
-    monkeypatch.setattr(ing.log, "sync", lambda: (time.sleep(0.5), real_sync()))
+    monkeypatch.setattr(ing.log, "sync", lambda: (time.sleep(1.5), real_sync()))
     ing._consumer = _FakeConsumer([b"a", b"b"])
-    ing._step()                                    # the group, its 0.5 s fsync, then its acks
+    ing._step()                                    # the group, its 1.5 s fsync, then its acks
     assert ing.log.durable_head == 2
     ing._step()                                    # the broker had no time to send more yet
     assert ing.target is None, "the drain ended on silence the fsync caused"
-    time.sleep(0.3)
+    time.sleep(1.1)
     ing._step()                                    # a quiet period after the acks: drained
     assert ing.target == 2
     ing.log.close()
