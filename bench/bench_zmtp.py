@@ -5,8 +5,8 @@ TCP stream itself (``spark_mq/protocol/zmtp.py``); the peer here is what it repl
 DEALER read with ``recv_frames`` (``copy=False`` frames, no RCVMORE call) in the caller's thread,
 feeding the same sans-IO ``ClientConnection`` (so both decode every message into the same
 delivery objects). A third client is ours as the source's ingest drives it: each delivery's
-content copied into one reused buffer, handed over as its header's fields and the content's
-position there (``poll(..., body=BodyBuffer())``), no delivery objects. For each body size, N
+content copied into one reused buffer, handed over by columns: the headers' fields and where each
+content ends there (``poll(..., body=BodyBuffer())``, a ``Deliveries``), no delivery objects. For each body size, N
 mails are preloaded into a mailbox of the embedded broker
 (a separate process), the machine settles, then one client drains them in polls of up to 4,000;
 CPU is this process's (every thread: libzmq's IO thread included), wall time from the first poll
@@ -48,7 +48,7 @@ def _drain_ours(endpoint: str, mailbox: str, n: int) -> int:
 
 
 def _drain_columns(endpoint: str, mailbox: str, n: int) -> int:
-    """Ours as the source uses it: content into a reused ``BodyBuffer``, (fields, frames) items."""
+    """Ours as the source uses it: content into a reused ``BodyBuffer``, deliveries by columns."""
     from spark_mq.clients.malamute import MalamuteReceiver
     from spark_mq.protocol.zmtp import BodyBuffer
 

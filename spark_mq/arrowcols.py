@@ -13,7 +13,6 @@ Arrow conversion. ``pa.array`` stays the fallback for types this module does not
 
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Sequence
 
@@ -22,7 +21,7 @@ import pyarrow as pa
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["column", "offsets_array", "binary_spans", "repeated"]
+__all__ = ["column", "offsets_array", "binary_ends", "repeated"]
 
 log = logging.getLogger("spark_mq.arrowcols")
 
@@ -173,33 +172,27 @@ def _list(values: Sequence, type_: pa.ListType, n: int) -> pa.Array:
                                  children=[flat])
 
 
-def binary_spans(data, spans: Sequence[tuple], type_: pa.DataType = pa.binary()) -> pa.Array:
-    """A binary column whose value i is ``data[start:stop]`` for ``spans[i] = (start, stop)`` (``data``
-    any bytes-like object: a ``bytearray``, a ``memoryview`` of one). Where
-    the spans tile ``data`` from its start, in order (a receive path that copied each value in
-    turn), the column is built over ``data`` itself: no copy, and ``data`` can no longer be resized
-    while the column lives. Otherwise the values are gathered into a new buffer."""
-    n = len(spans)
+def binary_ends(data, ends, start: int = 0, type_: pa.DataType = pa.binary()) -> pa.Array:
+    """A binary column over ``data`` itself (any bytes-like object: a ``memoryview`` of a
+    ``bytearray``), no copy: value i is ``data[ends[i - 1] - start:ends[i] - start]``, the first
+    from 0, as a receive path that copied each value in turn after ``start`` records them
+    (``ends``: an ``array('q')`` or a sequence of ints). ``data`` can no longer be resized while
+    the column lives. ``ValueError`` if ``ends`` go back or past ``data``: Arrow would read out of
+    bounds."""
+    n = len(ends)
     if n == 0:
         return pa.array([], type=type_)
-    bounds = np.fromiter(itertools.chain.from_iterable(spans), dtype=np.int64, count=2 * n).reshape(n, 2)
-    starts, stops = bounds[:, 0], bounds[:, 1]
-    if starts[0] == 0 and (n == 1 or np.array_equal(starts[1:], stops[:-1])):
-        if stops[-1] > _INT32_MAX:
-            raise SparkMqError(f"a group of {n} messages holds {stops[-1]} bytes in one column, more than an Arrow "
-                               f"binary column can (2 GiB): lower 'fsyncMessages'")
-        offsets = np.empty(n + 1, dtype=np.int32)
-        offsets[0] = 0
-        offsets[1:] = stops
-        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=0)
-    view = memoryview(data)
-    items = [view[start:stop] for start, stop in spans]
-    try:
-        return _from_items(items, type_, n, None, 0, b"".join(items))
-    finally:
-        for item in items:
-            item.release()
-        view.release()
+    stops = np.asarray(ends, dtype=np.int64) - start
+    last = int(stops[-1])
+    if stops[0] < 0 or last > len(memoryview(data)) or (n > 1 and bool((stops[1:] < stops[:-1]).any())):
+        raise ValueError(f"value ends {stops[:4].tolist()}..{last} do not lie in order within {len(data)} bytes")
+    if last > _INT32_MAX:
+        raise SparkMqError(f"a group of {n} messages holds {last} bytes in one column, more than an Arrow "
+                           f"binary column can (2 GiB): lower 'fsyncMessages'")
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[0] = 0
+    offsets[1:] = stops
+    return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=0)
 
 
 def repeated(value, n: int, type_: pa.DataType) -> pa.Array:

@@ -24,12 +24,12 @@ are deliveries only.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import queue
 import threading
 import time
+from array import array
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -489,23 +489,56 @@ class MalamuteClient(_Status):
             sock.close(0)
 
 
-def _item(delivery) -> tuple:
-    """A delivery as ``poll(..., body)`` returns it: ``(fields, [None, *content])``."""
-    return vars(delivery), [None, *delivery.content]
-
-
 def _footprint(delivery) -> int:
     """What a delivery held for ``poll`` takes in memory, about."""
     return _HELD_OVERHEAD + sum(map(len, delivery.content))
 
 
-def _into(delivery, body: BodyBuffer):
-    """``delivery`` (read without a body buffer) as ``poll(..., body)`` returns deliveries: its
-    content frames copied into ``body``, ``(start, stop)`` in their place."""
-    content = delivery.content
-    if not content:
-        return delivery
-    return dataclasses.replace(delivery, content=[body.append(frame) for frame in content])
+class Deliveries:
+    """Deliveries as ``MalamuteReceiver.poll(..., body)`` returns them: by columns, over a body buffer.
+
+    Delivery ``i`` has the header fields ``fields[i]`` (``sender``, ``address``, ``subject``, and
+    ``tracker`` but for a stream; one dict shared by every delivery with the same header: read it,
+    do not change it) and its first content frame in ``body.data[ends[i - 1]:ends[i]]`` (the
+    first delivery's begins at ``start``, what ``body`` held before). ``frames`` holds, by index,
+    the content frames (``bytes``) of the deliveries with other than exactly one (none: an empty
+    first frame). A source builds its columns from that: no ``bytes`` per body, no object per
+    delivery."""
+
+    __slots__ = ("body", "start", "fields", "ends", "frames")
+
+    def __init__(self, body: BodyBuffer) -> None:
+        self.body = body
+        self.start = body.fill
+        self.fields: list = []
+        self.ends = array("q")
+        self.frames: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def add(self, fields: dict, content: Sequence) -> None:
+        """One more delivery, its content frames as ``bytes`` (one read the general way, or held)."""
+        if content:
+            self.body.append(content[0])
+        if len(content) != 1:
+            self.frames[len(self.fields)] = list(content)
+        self.fields.append(fields)
+        self.ends.append(self.body.fill)
+
+    def cut(self, index: int) -> list:
+        """Take the deliveries from ``index`` on out again: their ``(fields, content)``, the content
+        as ``bytes`` (``body`` goes back to where they began)."""
+        ends, data = self.ends, self.body.data
+        begin = ends[index - 1] if index else self.start
+        taken = []
+        for i in range(index, len(self.fields)):
+            frames = self.frames.pop(i, None)
+            taken.append((self.fields[i], frames if frames is not None else [bytes(data[begin:ends[i]])]))
+            begin = ends[i]
+        self.body.fill = ends[index - 1] if index else self.start
+        del self.fields[index:], self.ends[index:]
+        return taken
 
 
 class MalamuteReceiver(_Status):
@@ -597,39 +630,39 @@ class MalamuteReceiver(_Status):
         self._request(self._proto.ping(), "CONNECTION-PING", timeout)
 
     def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[BodyBuffer] = None,
-             max_bytes: int = 1 << 62) -> list:
+             max_bytes: int = 1 << 62):
         """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
-        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); ``[]`` if none.
+        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); empty if none.
 
-        With ``body`` (a ``BodyBuffer``), deliveries come as ``(fields, frames)`` instead: ``fields``
-        the header's fields (``sender``, ``address``, ``subject``, and ``tracker`` but for a stream;
-        one dict shared by every delivery with the same header: read it, do not change it), and
-        ``frames[1:]`` the content frames' ``(start, stop)`` in ``body``, where they are copied as
-        they come off the socket, after what it holds (``frames[0]`` is not for the caller). A
-        source builds its columns from that without a copy of the bodies or an object per
-        delivery. No more deliveries are taken once ``body`` holds ``max_bytes`` (the last read
-        may pass that by what it parsed). Empty ``body`` (``fill = 0``) for the next call only once
-        nothing built over its bytes is alive: writes that do not resize it are not refused."""
+        A list of delivery objects; with ``body`` (a ``BodyBuffer``), ``Deliveries`` instead: the
+        deliveries by columns, their first content frames copied into ``body`` as they come off the
+        socket, after what it holds. No more deliveries are taken once ``body`` holds ``max_bytes``
+        (the last read may pass that by what it parsed). Empty ``body`` (``fill = 0``) for the next
+        call only once nothing built over its bytes is alive: writes that do not resize it are not
+        refused."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosedError("client is closed")
-            out: list = []
+            out = [] if body is None else Deliveries(body)
             held = self._held
             while held and len(out) < max_count and (body is None or body.fill < max_bytes):
                 delivery = held.popleft()
                 self._held_size -= _footprint(delivery)
-                out.append(_item(_into(delivery, body)) if body is not None else delivery)
+                if body is None:
+                    out.append(delivery)
+                else:
+                    out.add(vars(delivery), delivery.content)
             clock = time.monotonic
             deadline = clock() + timeout
             waited = False
             while True:
-                got = self._read(out, max_count, body, max_bytes)
+                got = self._read(out, max_count) if body is None else self._read_columns(out, max_count, max_bytes)
                 if len(out) >= max_count or (body is not None and body.fill >= max_bytes):
                     return out
                 now = clock()
-                if now >= deadline or (out and waited and not got):
+                if now >= deadline or (len(out) and waited and not got):
                     return out
-                self._wait(min(deadline - now, gap) if out else deadline - now)
+                self._wait(min(deadline - now, gap) if len(out) else deadline - now)
                 waited = True
 
     def keepalive(self) -> None:
@@ -741,52 +774,83 @@ class MalamuteReceiver(_Status):
             self._held_size += _footprint(held[-1])
         return got
 
-    def _read(self, out: list, max_count: int, body: Optional[BodyBuffer] = None, max_bytes: int = 1 << 62) -> int:
-        """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out`` (their
-        content in ``body`` if given, up to about ``max_bytes`` there); act on the rest; run the
-        clock. Returns how many deliveries it added."""
-        wire, proto = self._wire, self._proto
-        receive = proto.receive
+    def _read(self, out: list, max_count: int) -> int:
+        """Take the messages waiting in the socket, up to ``max_count`` deliveries in ``out``; act on
+        the rest; run the clock. Returns how many deliveries it added."""
         now = time.monotonic()
         before = len(out)
-        while len(out) < max_count and (body is None or body.fill < max_bytes):
-            batch = wire.read(max_count - len(out), body, max_bytes)
+        while len(out) < max_count:
+            batch = self._wire.read(max_count - len(out))
             if not batch:
                 break
-            # with a body buffer, a delivery whose header is known goes to ``out`` as it is: what
-            # ``receive`` does with one, but for the state after a lost server (which ``tick``
-            # alone sets, never ``receive``: it cannot change inside this loop)
-            fast = body is not None and proto.state is not State.LOST
-            known = fields = None  # the last delivery header and its fields (the transport hands a
-            # header that repeats over as the same object: one identity test per delivery)
             for frames in batch:
-                if fast:
-                    header = frames[0]
-                    if header is known:
-                        out.append((fields, frames))
-                        continue
-                    fields = delivery_fields(header)
-                    if fields is not None:
-                        known = header
-                        out.append((fields, frames))
-                        continue
-                    known = None
-                try:
-                    events = receive(frames, now)
-                except RemoteProtocolError as exc:
-                    log.warning("dropping malformed message from the broker: %s", exc)
-                    continue
-                for event in events:
-                    if not isinstance(event, _DELIVERIES):
-                        self._event(event)
-                    elif body is None:
-                        out.append(event)
-                    else:
-                        out.append(_item(event))
-            if fast:
-                proto.heard(now)
+                self._receive(frames, now, out.append)
         self._tick(now)
         return len(out) - before
+
+    def _read_columns(self, out: Deliveries, max_count: int, max_bytes: int) -> int:
+        """``_read`` into ``out``'s columns, up to about ``max_bytes`` in its body buffer: the usual
+        delivery (a header, one content frame) goes from the transport's columns to ``out`` as it
+        is (``_resolve``); any other message through ``receive``."""
+        wire, body = self._wire, out.body
+        now = time.monotonic()
+        before = len(out)
+        while len(out) < max_count and body.fill < max_bytes:
+            mark = len(out)
+            other = wire.read_columns(out.fields, out.ends, body, max_count - mark, max_bytes)
+            if len(out) > mark:
+                self._resolve(out, mark, now)
+            if other is not None:
+                self._receive(other, now, lambda event: out.add(vars(event), event.content))
+            elif len(out) == mark:
+                break
+        self._tick(now)
+        return len(out) - before
+
+    def _resolve(self, out: Deliveries, mark: int, now: float) -> None:
+        """The header frames the transport put in ``out.fields[mark:]`` replaced by their fields (looked
+        up once per distinct header: the transport hands a header that repeats as the same object).
+        What ``receive`` does with a delivery, but for the state after a lost server (which ``tick``
+        alone sets, never ``receive``): then, or if any header is not a delivery's, the messages
+        from ``mark`` on go through ``receive`` instead, in order."""
+        fields = out.fields
+        heads = fields[mark:]
+        first = heads[0]
+        resolved = None
+        if self._proto.state is not State.LOST:
+            if heads.count(first) == len(heads):  # one header for all (an identity test each, in C)
+                one = delivery_fields(first)
+                if one is not None:
+                    resolved = [one] * len(heads)
+            else:
+                resolved, known, one = [], None, None
+                for header in heads:
+                    if header is not known:
+                        known, one = header, delivery_fields(header)
+                        if one is None:
+                            resolved = None
+                            break
+                    resolved.append(one)
+        if resolved is not None:
+            fields[mark:] = resolved
+            self._proto.heard(now)
+            return
+        add = lambda event: out.add(vars(event), event.content)  # noqa: E731
+        for header, content in out.cut(mark):
+            self._receive([header, *content], now, add)
+
+    def _receive(self, frames: list, now: float, deliver) -> None:
+        """One message through the protocol: ``deliver(delivery)`` for a delivery, ``_event`` for the rest."""
+        try:
+            events = self._proto.receive(frames, now)
+        except RemoteProtocolError as exc:
+            log.warning("dropping malformed message from the broker: %s", exc)
+            return
+        for event in events:
+            if isinstance(event, _DELIVERIES):
+                deliver(event)
+            else:
+                self._event(event)
 
     def _wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` (cut short at the clock's next deadline) for something to read."""

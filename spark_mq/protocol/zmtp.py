@@ -5,8 +5,9 @@ READY command and its properties: ``Socket-Type``, ``Identity``), framing (flags
 sizes, MORE, COMMAND) in both directions, the few commands a NULL connection carries afterwards
 (ZMTP 3.1's PING is answered with PONG; ERROR ends the connection), and the receive buffer: a
 preallocated ``bytearray`` the driver receives into (``buffer()`` then ``received(n)``), parsed in
-place by offsets, whole messages taken out as lists of ``bytes`` frames (or, for the frames after
-a message's first, copied into one buffer the caller gives), the rest left for later.
+place by offsets, whole messages taken out as lists of ``bytes`` frames (or, for two-frame
+messages, by columns: the first frames, and the second ones copied into one buffer the caller
+gives), the rest left for later.
 Not responsible for sockets, reconnecting or time (``spark_mq.transport.zmtp``), nor for what the
 frames mean (the Malamute codec).
 
@@ -109,7 +110,7 @@ def _parse_properties(data: bytes) -> dict:
 
 
 class BodyBuffer:
-    """Where ``ZmtpConnection.messages(..., body)`` copies content frames: ``data[:fill]``.
+    """Where ``ZmtpConnection.columns`` copies the second frames of two-frame messages: ``data[:fill]``.
 
     ``data`` is a ``bytearray`` reused from one group of messages to the next: ``fill`` goes back
     to 0 and ``data`` keeps its size (it grows when a group needs more, and never shrinks by
@@ -135,6 +136,7 @@ class BodyBuffer:
 
     def append(self, data) -> tuple:
         """Copy ``data`` in after what is there; its ``(start, stop)``."""
+        self.room(len(data))
         start = self.fill
         stop = self.fill = start + len(data)
         self.data[start:stop] = data
@@ -142,34 +144,6 @@ class BodyBuffer:
 
     def __bytes__(self) -> bytes:
         return bytes(self.data[:self.fill])
-
-
-def _detach(frames: list, body: BodyBuffer) -> None:
-    """A message left incomplete by ``messages(..., body)`` holds ``bytes`` only: its frames taken
-    into ``body`` (its last bytes there) come back out, so that the next call, with another buffer
-    or none, completes a message whose frames all still exist."""
-    cut = None
-    for i, frame in enumerate(frames):
-        if type(frame) is tuple:
-            start, stop = frame
-            if cut is None:
-                cut = start
-            frames[i] = bytes(body.data[start:stop])
-    if cut is not None:
-        body.fill = cut
-
-
-def _relay(frames: list, body: BodyBuffer) -> None:
-    """A message completed by ``messages(..., body)`` whose first frames came as ``bytes`` (the
-    message was incomplete at the end of an earlier call): its content frames laid into ``body`` in
-    their order, so that the buffer holds every message's content one after the other. The frames
-    of this call are the last bytes of ``body``."""
-    cut = next((f[0] for f in frames if type(f) is tuple), body.fill)
-    tail = bytes(body.data[cut:body.fill])
-    body.fill = cut
-    for i in range(1, len(frames)):
-        frame = frames[i]
-        frames[i] = body.append(frame if type(frame) is bytes else tail[frame[0] - cut:frame[1] - cut])
 
 
 class ZmtpConnection:
@@ -198,8 +172,7 @@ class ZmtpConnection:
         self._fill = 0     # end of the bytes received
         self._need = 0     # bytes from _pos the next frame needs whole (0: unknown)
         self._frames: list = []  # frames of a message whose last frame has not arrived yet
-        self._header = b""  # the first frame of the last two-frame message ``messages`` took whole
-        self._held_bytes = False  # ... and they are ``bytes`` (a body buffer gets them when it completes)
+        self._header = b""  # the first frame of the last message ``columns`` took
         self._out = bytearray(_greeting())
         self._out += encode_command(b"READY", encode_properties({b"Socket-Type": socket_type, b"Identity": identity}))
 
@@ -254,15 +227,9 @@ class ZmtpConnection:
             raise LocalProtocolError(f"received({count}) beyond the buffer given")
         self._fill += count
 
-    def messages(self, out: list, max_count: int, body: Optional[BodyBuffer] = None) -> int:
+    def messages(self, out: list, max_count: int) -> int:
         """Append up to ``max_count`` whole messages (lists of ``bytes`` frames) to ``out``; returns
-        how many. Raises ``RemoteProtocolError`` when the peer broke the protocol.
-
-        With ``body``, every frame after a message's first is appended to that ``BodyBuffer``
-        instead of becoming ``bytes``, and stands in the message as its ``(start, stop)`` there: one
-        copy out of the receive buffer into a buffer the caller can hand to Arrow whole (a Malamute
-        delivery's first frame is its header, the rest its content). The spans of the messages one
-        call returns follow each other in ``body`` from where it stood, in order."""
+        how many. Raises ``RemoteProtocolError`` when the peer broke the protocol."""
         if self.phase is not Phase.READY:
             self._handshake()
             if self.phase is not Phase.READY:
@@ -270,53 +237,13 @@ class ZmtpConnection:
         buf, view, fill = self._buf, self._view, self._fill
         pos = self._pos
         frames = self._frames
-        relay = self._held_bytes and body is not None
-        if body is not None:
-            # every frame of this call comes out of buf[pos:fill]: room for all of it, then copies
-            # through a memoryview (cheaper than growing the bytearray by slice assignment)
-            body.room(fill - pos)
-            bdata, bfill = memoryview(body.data), body.fill
         count = need = 0
-        unpack_u64 = _U64.unpack_from
-        max_frame = self.max_frame
-        header = self._header  # the first frame of the last two-frame message, reused while it repeats
         try:
             while count < max_count:
                 left = fill - pos
                 if left < 2:
                     break
                 flags = buf[pos]
-                if flags == _MORE and body is not None and not frames:
-                    # The usual message with a body buffer: a short first frame, then one last frame
-                    # (a Malamute delivery: header, content). Taken in one step, its first frame the
-                    # same ``bytes`` object as the last message's when its bytes repeat (a stream of
-                    # deliveries repeats a few headers); anything else (a command, more frames, a
-                    # frame not all here, a bad size) goes the general way below, frame by frame.
-                    hstop = pos + 2 + buf[pos + 1]
-                    if hstop + 2 <= fill:
-                        last = buf[hstop]
-                        if last == _LONG:
-                            if hstop + 9 <= fill:
-                                (size,) = unpack_u64(buf, hstop + 1)
-                                start = hstop + 9
-                            else:
-                                size = -1
-                        elif last == 0:
-                            size = buf[hstop + 1]
-                            start = hstop + 2
-                        else:
-                            size = -1
-                        if 0 <= size <= max_frame and start + size <= fill:
-                            hsize = hstop - pos - 2
-                            if len(header) != hsize or not buf.startswith(header, pos + 2):
-                                header = self._header = view[pos + 2:hstop].tobytes()
-                            stop = start + size
-                            bdata[bfill:bfill + size] = view[start:stop]
-                            out.append([header, (bfill, bfill + size)])
-                            bfill += size
-                            pos = stop
-                            count += 1
-                            continue
                 if flags & _LONG:
                     if left < 9:
                         break
@@ -336,37 +263,105 @@ class ZmtpConnection:
                     self._command(flags, bytes(view[start:stop]))
                     pos = stop
                     continue
-                if body is not None and frames:
-                    bdata[bfill:bfill + size] = view[start:stop]
-                    frames.append((bfill, bfill + size))
-                    bfill += size
-                else:
-                    frames.append(view[start:stop].tobytes())
+                frames.append(view[start:stop].tobytes())
                 pos = stop
                 if not flags & _MORE:
-                    if relay:  # begun in an earlier call: its first frames are bytes
-                        bdata.release()  # _relay may grow the buffer
-                        body.fill = bfill
-                        _relay(frames, body)
-                        body.room(fill - pos)
-                        bdata, bfill = memoryview(body.data), body.fill
-                        relay = False
                     out.append(frames)
                     frames = self._frames = []
                     count += 1
         finally:
             self._need = need
-            if body is not None:
-                bdata.release()
-                body.fill = bfill
-                if frames:
-                    _detach(frames, body)
-            self._held_bytes = bool(frames)
-            if pos == fill:  # all taken: the next read starts at the buffer's start
-                self._pos = self._fill = 0
-            else:
-                self._pos = pos
+            self._took(pos)
         return count
+
+    def columns(self, heads: list, ends, body: BodyBuffer, max_count: int) -> Optional[list]:
+        """Take up to ``max_count`` two-frame messages by columns: each one's first frame appended
+        to ``heads`` (the same ``bytes`` object as the message before's while its bytes repeat: a
+        stream of Malamute deliveries repeats a few headers), its second frame copied into ``body``
+        after what it holds, and where that copy ends appended to ``ends`` (an ``array('q')``), so
+        that message i's second frame is ``body.data[ends[i - 1]:ends[i]]``. One copy out of the
+        receive buffer, into a buffer the caller can hand to Arrow whole, and no object per message
+        but its header's.
+
+        Stops at ``max_count``, at the end of the whole messages received, or at a message of any
+        other shape (one frame, three or more, a first frame over 255 bytes; commands are acted on
+        and passed over): that one is taken the way ``messages`` takes it and returned (a list of
+        ``bytes`` frames), and nothing after it; otherwise returns None. A two-frame message not all
+        received yet is left in the receive buffer whole (``buffer()`` makes room for it), so a
+        partial message is only ever one of another shape. Raises as ``messages``."""
+        other: list = []
+        if self.phase is not Phase.READY:
+            self._handshake()
+            if self.phase is not Phase.READY:
+                return None
+        if self._frames:  # a message of another shape begun in an earlier call: the general way
+            if self.messages(other, 1):
+                return other[0]
+            if self._frames:
+                return None
+        buf, view, fill = self._buf, self._view, self._fill
+        pos = self._pos
+        body.room(fill - pos)
+        # copies through a memoryview (cheaper than through the bytearray's slice assignment)
+        bdata, bfill = memoryview(body.data), body.fill
+        count = need = 0
+        shaped = True  # False: the message at ``pos`` is of another shape
+        unpack_u64 = _U64.unpack_from
+        max_frame = self.max_frame
+        add_head, add_end = heads.append, ends.append
+        header = self._header
+        try:
+            while count < max_count:
+                if fill - pos < 2:
+                    break
+                if buf[pos] != _MORE:  # a short first frame with more to come, nothing else
+                    shaped = False
+                    break
+                hstop = pos + 2 + buf[pos + 1]
+                if hstop + 2 > fill:
+                    break
+                last = buf[hstop]
+                if last == _LONG:
+                    if hstop + 9 > fill:
+                        break
+                    (size,) = unpack_u64(buf, hstop + 1)
+                    if size > max_frame:
+                        shaped = False  # ``messages`` raises, naming the size
+                        break
+                    start = hstop + 9
+                elif last == 0:
+                    size = buf[hstop + 1]
+                    start = hstop + 2
+                else:  # a third frame follows, a command comes between, or reserved bits
+                    shaped = False
+                    break
+                stop = start + size
+                if stop > fill:
+                    need = stop - pos  # the buffer must hold this message whole
+                    break
+                if len(header) != hstop - pos - 2 or not buf.startswith(header, pos + 2):
+                    header = self._header = view[pos + 2:hstop].tobytes()
+                bdata[bfill:bfill + size] = view[start:stop]
+                bfill += size
+                add_head(header)
+                add_end(bfill)
+                pos = stop
+                count += 1
+        finally:
+            bdata.release()
+            body.fill = bfill
+            self._need = need
+            self._took(pos)
+        if shaped or not self.messages(other, 1):
+            return None
+        return other[0]
+
+    def _took(self, pos: int) -> None:
+        """Parsed up to ``pos``; once all is taken, the next read starts at the buffer's start."""
+        if pos == self._fill:
+            self._pos = self._fill = 0
+        else:
+            self._pos = pos
 
     def _command(self, flags: int, body: bytes) -> None:
         if flags & _RESERVED:

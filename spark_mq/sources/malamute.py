@@ -108,13 +108,11 @@ class MalamuteConsumer:
         record batch)`` with offsets from ``offset``, or ``(0, None)``. Every body is copied once out
         of the receive buffer, into the buffer the body column is built over; no ``bytes``, no row
         tuple per message (``bench/bench_ingest.py``)."""
-        body = self._body_buffer()
-        msgs = self.client.poll(max_count, timeout, _DRAIN_WAIT, body, _GROUP_BYTES_MAX)
-        if not msgs:
+        taken = self.client.poll(max_count, timeout, _DRAIN_WAIT, self._body_buffer(), _GROUP_BYTES_MAX)
+        if not len(taken):
             self._check_lost()
             return 0, None
-        return len(msgs), deliveries_batch(msgs, memoryview(body.data)[:body.fill], self.destination, offset,
-                                           int(time.time() * 1_000_000))
+        return len(taken), deliveries_batch(taken, self.destination, offset, int(time.time() * 1_000_000))
 
     def _body_buffer(self) -> BodyBuffer:
         """The buffer for the next group: the last one's, emptied, unless a column built over it is
@@ -192,16 +190,15 @@ def _constant(value, n: int, type_: pa.DataType) -> pa.Array:
     return column
 
 
-def deliveries_batch(items: list, body, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
-    """The source's record batch of the deliveries ``MalamuteReceiver.poll(..., body)`` took (``(fields,
-    frames)`` items), with ``body`` the bytes its buffer holds (``memoryview(buffer.data)[:buffer.fill]``):
-    equal to ``build_batch`` of the deliveries' ``row``s (a unit test holds them to it), built by
-    columns. A group mostly repeats one header (one dict for all): its columns are then constants."""
-    n = len(items)
+def deliveries_batch(taken, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
+    """The source's record batch of the deliveries ``MalamuteReceiver.poll(..., body)`` took (a
+    ``Deliveries``): equal to ``build_batch`` of the deliveries' ``row``s (a unit test holds them to
+    it), built by columns. The body column is the body buffer itself; a group mostly repeats one
+    header (one dict for all), whose columns are then constants."""
+    n = len(taken)
     schema = S.source_arrow_schema("malamute")
     types = schema.types
-    fields = [f for f, _ in items]
-    frames = [c for _, c in items]
+    fields = taken.fields
     if fields.count(fields[0]) == n:  # the same dict in every item: an identity test per item, in C
         one = fields[0]
 
@@ -213,14 +210,14 @@ def deliveries_batch(items: list, body, destination: str, offset: int, now_us: i
     header_cols = [header_col(lambda f: f.get("tracker") or None, types[2])] + \
         [header_col(itemgetter(k), types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
         [header_col(lambda f: f.get("tracker") or "", types[10])]
-    if list(map(len, frames)).count(2) != n:  # not one content frame each: the frames column too
-        view = memoryview(body)
-        listed = [None if len(c) == 2 else [view[a:b].tobytes() for a, b in c[1:]] for c in frames]
-        view.release()
-        bodies = A.binary_spans(body, [c[1] if len(c) > 1 else (0, 0) for c in frames], types[0])
+    body = taken.body
+    bodies = A.binary_ends(memoryview(body.data)[taken.start:body.fill], taken.ends, taken.start, types[0])
+    if taken.frames:  # some with other than one content frame: the frames column too
+        listed = [None] * n
+        for i, frames in taken.frames.items():
+            listed[i] = frames
         frames_col = A.column(listed, types[11])
     else:
-        bodies = A.binary_spans(body, [c[1] for c in frames], types[0])
         frames_col = _constant(None, n, types[11])
     arrays = [
         bodies,

@@ -137,19 +137,58 @@ class ZmtpDealer:
             self._flush()
         return True
 
-    def read(self, max_count: int, body: Optional[BodyBuffer] = None, max_bytes: int = 1 << 62) -> list:
-        """Up to ``max_count`` whole messages that have arrived (lists of ``bytes``), without waiting;
-        with ``body``, frames after a message's first go there (``ZmtpConnection.messages``), and
-        reading stops once it holds ``max_bytes`` (past it by at most what one read parsed)."""
+    def read(self, max_count: int) -> list:
+        """Up to ``max_count`` whole messages that have arrived (lists of ``bytes``), without waiting."""
         out: list = []
+
+        def take(conn: ZmtpConnection) -> bool:
+            conn.messages(out, max_count - len(out))
+            return len(out) >= max_count
+
+        self._pump(take)
+        return out
+
+    def read_columns(self, heads: list, ends, body: BodyBuffer, max_count: int,
+                     max_bytes: int = 1 << 62) -> Optional[list]:
+        """As ``read``, taking two-frame messages by columns (``ZmtpConnection.columns``: first frames
+        to ``heads``, second ones copied into ``body``, where each ends to ``ends``), up to
+        ``max_count`` of them, without waiting; reading stops once ``body`` holds ``max_bytes`` (past
+        it by at most what one read parsed). Returns the first message of another shape (nothing
+        after it taken), else None."""
+        other: list = []
+        goal = len(heads) + max_count
+
+        def take(conn: ZmtpConnection) -> bool:
+            message = conn.columns(heads, ends, body, goal - len(heads))
+            if message is not None:
+                other.append(message)
+                return True
+            return len(heads) >= goal or body.fill >= max_bytes
+
+        self._pump(take)
+        return other[0] if other else None
+
+    def _pump(self, take) -> None:
+        """``take(connection)`` what the buffer holds, then receive and take again until it says it
+        has enough (True) or the socket has nothing more, connecting and answering on the way."""
         if self.state is not State.CONNECTED:
             self._progress(time.monotonic())
             if self.state is not State.CONNECTED:
-                return out
+                return
         conn = self._conn
         try:
-            conn.messages(out, max_count, body)
-            while len(out) < max_count and (body is None or body.fill < max_bytes):
+            was_ready = conn.phase is Phase.READY
+            done = take(conn)
+            while True:
+                if not was_ready and conn.phase is Phase.READY:
+                    self.connections += 1
+                    self.last_error = None
+                if not was_ready or conn.wants_to_send:
+                    self._flush()  # greeting answered (queued messages may go now), or a PONG
+                    if self.state is not State.CONNECTED:
+                        break  # the write found the connection gone: what was parsed is kept
+                if done:
+                    break
                 view = conn.buffer()
                 try:
                     got = self._sock.recv_into(view)
@@ -162,14 +201,7 @@ class ZmtpDealer:
                     break
                 conn.received(got)
                 was_ready = conn.phase is Phase.READY
-                conn.messages(out, max_count - len(out), body)
-                if not was_ready and conn.phase is Phase.READY:
-                    self.connections += 1
-                    self.last_error = None
-                if not was_ready or conn.wants_to_send:
-                    self._flush()  # greeting answered (queued messages may go now), or a PONG
-                    if self.state is not State.CONNECTED:
-                        break  # the write found the connection gone: what was parsed is kept
+                done = take(conn)
             if self.state is State.CONNECTED and not self.ready and \
                     time.monotonic() - self._since > self.handshake_timeout:
                 self._lost(f"no ZMTP handshake within {self.handshake_timeout:.0f} s")
@@ -180,7 +212,6 @@ class ZmtpDealer:
             self._lost(str(exc))
         except OSError as exc:
             self._lost(f"{type(exc).__name__}: {exc}", closed=isinstance(exc, (ConnectionResetError, BrokenPipeError)))
-        return out
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for something to read (True) while connecting, handshaking

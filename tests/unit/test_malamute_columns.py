@@ -1,26 +1,32 @@
-"""The Malamute source's columnar groups: ``deliveries_batch`` over a body buffer equals
-``build_batch`` of the same deliveries' rows, and ``arrowcols.binary_spans`` builds over the
-buffer without a copy exactly when the spans tile it."""
+"""The Malamute source's columnar groups: ``deliveries_batch`` of a ``Deliveries`` equals
+``build_batch`` of the same deliveries' rows, and ``arrowcols.binary_ends`` builds over the body
+buffer without a copy, refusing ends that would make Arrow read out of bounds."""
 
 from __future__ import annotations
+
+from array import array
 
 import pyarrow as pa
 import pytest
 
 from spark_mq import arrowcols as A
 from spark_mq import schema as S
-from spark_mq.clients.malamute import _into, _item
+from spark_mq.clients.malamute import Deliveries
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.malamute import MalamuteConsumer, deliveries_batch
 
 
-def with_spans(deliveries: list) -> tuple[list, memoryview]:
-    """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns them, and the bytes of the
-    body buffer they were taken into (a reused one, larger than what they fill)."""
+def held(deliveries: list, before: bytes = b"") -> Deliveries:
+    """The deliveries as ``MalamuteReceiver.poll(..., body)`` returns those it held or read the
+    general way (fields from the delivery objects), in a reused body buffer larger than they fill
+    that holds ``before`` already."""
     body = BodyBuffer(1 << 16)
-    taken = [_item(_into(d, body)) for d in deliveries]
-    return taken, memoryview(body.data)[:body.fill]
+    body.append(before)
+    taken = Deliveries(body)
+    for d in deliveries:
+        taken.add(vars(d), d.content)
+    return taken
 
 
 def rows_of(deliveries: list, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
@@ -43,24 +49,26 @@ CASES = {
 }
 
 
-def as_received(deliveries: list) -> tuple[list, memoryview]:
-    """The deliveries as the receiver's fast lane takes them off the wire: the header's fields from
-    ``codec.delivery_fields`` (one dict per distinct header), the content as spans."""
-    body = BodyBuffer()
-    items = []
+def as_received(deliveries: list) -> Deliveries:
+    """The deliveries as the receiver's columns take them off the wire: the header's fields from
+    ``codec.delivery_fields`` (one dict per distinct header)."""
+    taken = Deliveries(BodyBuffer())
     for d in deliveries:
         fields = codec.delivery_fields(codec.encode_header(d))
         assert fields is not None
-        items.append((fields, [None, *(body.append(f) for f in d.content)]))
-    return items, memoryview(body.data)[:body.fill]
+        taken.add(fields, d.content)
+    return taken
 
 
-@pytest.mark.parametrize("lane", ["objects", "headers"])
+@pytest.mark.parametrize("lane", ["objects", "objects after other bytes", "headers"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_columns_equal_the_rows_batch(case, lane):
     deliveries = CASES[case]
-    taken, body = with_spans(deliveries) if lane == "objects" else as_received(deliveries)
-    got = deliveries_batch(taken, body, "dest", 1000, 1_700_000_000_123_456)
+    if lane == "headers":
+        taken = as_received(deliveries)
+    else:
+        taken = held(deliveries, b"other bytes" if lane == "objects after other bytes" else b"")
+    got = deliveries_batch(taken, "dest", 1000, 1_700_000_000_123_456)
     want = rows_of(deliveries, "dest", 1000, 1_700_000_000_123_456)
     assert got.schema.equals(S.source_arrow_schema("malamute"))
     got.validate(full=True)
@@ -73,26 +81,41 @@ def test_columns_equal_the_rows_batch(case, lane):
 
 
 def test_single_frame_bodies_are_built_over_the_buffer_itself():
-    taken, body = with_spans([codec.MailboxDeliver("s", "b", "", "", [b"abc"]),
-                              codec.MailboxDeliver("s", "b", "", "", [b"de"])])
-    col = deliveries_batch(taken, body, "b", 0, 0).column(0)
-    assert col.buffers()[2].address == pa.py_buffer(body).address  # no copy
+    taken = held([codec.MailboxDeliver("s", "b", "", "", [b"abc"]), codec.MailboxDeliver("s", "b", "", "", [b"de"])],
+                 b"xy")
+    col = deliveries_batch(taken, "b", 0, 0).column(0)
+    assert col.buffers()[2].address == pa.py_buffer(taken.body.data).address + 2  # no copy
     assert col.to_pylist() == [b"abc", b"de"]
     with pytest.raises(BufferError):
-        body.obj.append(0)  # held by the column: the buffer cannot move under it
+        taken.body.data.append(0)  # held by the column: the buffer cannot move under it
 
 
-def test_binary_spans_gathers_when_the_spans_do_not_tile_the_buffer():
-    data = bytearray(b"0123456789")
-    col = A.binary_spans(data, [(2, 4), (0, 1), (4, 4), (8, 10)])
-    assert col.to_pylist() == [b"23", b"0", b"", b"89"]
-    data.append(0)  # a gathered column does not hold the buffer: it can be resized (BufferError otherwise)
-    data[0:1] = b"X"
-    assert col.to_pylist()[1] == b"0"
+def test_binary_ends_reads_each_value_up_to_its_end():
+    data = bytearray(b"..0123456789")
+    col = A.binary_ends(memoryview(data)[2:], array("q", [4, 5, 5, 12]), start=2)
+    assert col.to_pylist() == [b"01", b"2", b"", b"3456789"]
+    col.validate(full=True)
+    assert A.binary_ends(bytearray(), array("q")).to_pylist() == []
 
 
-def test_binary_spans_of_nothing_is_empty():
-    assert A.binary_spans(bytearray(), []).to_pylist() == []
+@pytest.mark.parametrize("ends", [[3, 2], [1, 11], [-1, 2]])
+def test_binary_ends_refuses_ends_out_of_order_or_past_the_data(ends):
+    """Ends that go back or past the data would make Arrow read out of bounds: refused, named."""
+    with pytest.raises(ValueError, match="in order within 10 bytes"):
+        A.binary_ends(bytearray(10), array("q", ends))
+
+
+def test_deliveries_cut_gives_back_what_was_taken_and_the_buffer_space():
+    """``cut`` (the receiver's way back to ``receive`` for messages it cannot take by columns) returns
+    the deliveries from an index on with their content as bytes, and ``body`` where they began."""
+    deliveries = CASES["multi-frame and empty content"] + CASES["stream deliveries (no tracker)"]
+    taken = held(deliveries, b"before")
+    fill = taken.ends[1]
+    assert taken.cut(2) == [(vars(d), list(d.content)) for d in deliveries[2:]]
+    assert len(taken) == 2 and taken.body.fill == fill and list(taken.frames) == [0, 1]
+    assert deliveries_batch(taken, "d", 0, 0).equals(rows_of(deliveries[:2], "d", 0, 0))
+    assert taken.cut(0) == [(vars(d), list(d.content)) for d in deliveries[:2]]
+    assert taken.body.fill == 6 and not taken.frames and len(taken.ends) == 0
 
 
 @pytest.mark.parametrize("value, type_", [("dest", pa.string()), (17, pa.int64()), (5, pa.int32()),
@@ -108,9 +131,9 @@ def test_the_body_buffer_is_reused_unless_a_column_still_holds_it():
     first = consumer._body_buffer()
     first.append(b"x" * 1000)
     assert consumer._body_buffer() is first and first.fill == 0  # nothing holds it: reused, emptied
-    first.append(b"abc")
-    taken = [({"sender": "s", "address": "b", "subject": "", "tracker": ""}, [None, (0, 3)])]
-    batch = deliveries_batch(taken, memoryview(first.data)[:first.fill], "b", 0, 0)
+    taken = Deliveries(first)
+    taken.add({"sender": "s", "address": "b", "subject": "", "tracker": ""}, [b"abc"])
+    batch = deliveries_batch(taken, "b", 0, 0)
     second = consumer._body_buffer()
     assert second is not first  # the batch's body column is over ``first``: it must not be overwritten
     second.append(b"zzz")
@@ -153,8 +176,8 @@ def test_constant_columns_are_shared_by_groups_that_repeat_them(monkeypatch):
 
     monkeypatch.setattr(M, "_CONSTANTS", {})
     deliveries = CASES["single frames, one sender"][:40]
-    first = deliveries_batch(*as_received(deliveries), "dest", 0, 1)
-    second = deliveries_batch(*as_received(deliveries), "dest", 40, 2)
+    first = deliveries_batch(as_received(deliveries), "dest", 0, 1)
+    second = deliveries_batch(as_received(deliveries), "dest", 40, 2)
     assert first.equals(rows_of(deliveries, "dest", 0, 1))
     assert second.equals(rows_of(deliveries, "dest", 40, 2))
     def memory(batch, name):
@@ -164,7 +187,7 @@ def test_constant_columns_are_shared_by_groups_that_repeat_them(monkeypatch):
     for name in shared:  # the same memory, not equal copies
         assert any(memory(second, name)) and memory(second, name) == memory(first, name), name
     assert memory(second, "body") != memory(first, "body") and memory(second, "offset") != memory(first, "offset")
-    other = deliveries_batch(*as_received(deliveries[:39]), "other", 0, 1)  # another count and destination
+    other = deliveries_batch(as_received(deliveries[:39]), "other", 0, 1)  # another count and destination
     assert other.equals(rows_of(deliveries[:39], "other", 0, 1))
     assert other.column("destination").to_pylist() == ["other"] * 39
     # "" and None are different values, not one key

@@ -8,15 +8,17 @@ answer queued behind more deliveries than the receiver holds.
 from __future__ import annotations
 
 import logging
+import random
 
+import pyarrow as pa
 import pytest
 
 import spark_mq.clients.malamute as M
 from spark_mq import schema as S
 from spark_mq.clients.malamute import DEFAULT_READ_BUFFER, MalamuteReceiver
 from spark_mq.protocol.malamute import codec
-from spark_mq.protocol.malamute.client import BrokerNotice
-from spark_mq.protocol.zmtp import BodyBuffer, encode_message
+from spark_mq.protocol.malamute.client import BrokerNotice, ServerBack, State
+from spark_mq.protocol.zmtp import BodyBuffer, encode_command, encode_message
 from spark_mq.sources.malamute import MalamuteConsumer
 
 from .test_zmtp_driver import PEER_GREETING, PEER_READY, ScriptedDealer, ScriptedSocket
@@ -103,7 +105,7 @@ def test_deliveries_held_from_a_request_stop_at_the_byte_bound_too(sock):
     got = rx.poll(100, 0.0, 0.001, body, max_bytes=4096)
     assert len(got) == 5 and body.fill == 5000  # stops once past the bound, as a read does
     assert rx.buffered == 95  # the rest waits for the next group
-    assert [bytes(body.data[c[1][0]:c[1][1]])[:1] for _, c in got] == [bytes([i]) for i in range(5)]
+    assert [bytes(body.data[e - 1000:e - 999]) for e in got.ends] == [bytes([i]) for i in range(5)]
 
 
 def test_a_registration_refused_after_the_receiver_stopped_waiting_is_logged_and_notified(sock, caplog):
@@ -133,3 +135,65 @@ def test_a_ping_answered_behind_a_backlog_fails_at_the_bound_and_loses_nothing(s
     sock.inbound += wire(codec.ConnectionPong())
     rx.ping(timeout=60)
     assert rx._proto.pending == 0
+
+
+def trickle(sock: ScriptedSocket, sizes) -> None:
+    """``sock`` serves at most the next of ``sizes`` bytes per read (a stream cut anywhere)."""
+    serve = sock.recv_into
+    sizes = iter(sizes)
+    sock.recv_into = lambda view: serve(view[:next(sizes)])
+
+
+MIXED = [codec.MailboxDeliver("a", "rx", "s", "", [b"a%d" % i]) for i in range(3)] + \
+    [codec.MailboxDeliver("b", "rx", "s", "t%d" % i, [b"b" * (i * 500)]) for i in range(3)] + \
+    [codec.MailboxDeliver("a", "rx", "s", "", [b"one", b"two"]), codec.MailboxDeliver("a", "rx", "s", "", []),
+     codec.StreamDeliver("weather", "p", "temp", [b"x" * 70_000])] + \
+    [codec.MailboxDeliver("a", "rx", "s", "", [b"a%d" % i]) for i in range(3, 300)]
+
+
+@pytest.mark.parametrize("cut", ["whole", "random"])
+def test_the_columns_lane_takes_any_mix_of_messages_in_order(sock, cut, caplog):
+    """Deliveries under changing headers, with several content frames or none, a large one, and
+    among them a malformed two-frame message, a CONFIRM and a ZMTP PING: the columns lane's batch
+    equals the rows of the deliveries, in order; the malformed message is logged and dropped, the
+    CONFIRM goes to ``on_event`` and the PING is answered."""
+    events: list = []
+    rx = MalamuteReceiver("tcp://127.0.0.1:1", "rx", on_event=events.append)
+    bad = encode_message([b"\xaa\xa8" + bytes((codec.MessageId.MAILBOX_DELIVER,)) + b"\x05ab", b"content"])
+    ping = encode_command(b"PING", b"\x00\x0actx")
+    confirm = codec.Confirm("t1", codec.StatusCode.SUCCESS, "")
+    sock.inbound += wire(*MIXED[:4]) + bad + wire(*MIXED[4:7]) + ping + wire(confirm, *MIXED[7:])
+    if cut == "random":
+        rng = random.Random(7)
+        trickle(sock, iter(lambda: rng.randint(1, 3000), None))
+    consumer = source_of(rx)
+    offset, batches = 0, []
+    with caplog.at_level(logging.WARNING, "spark_mq.clients.malamute"):
+        while (got := consumer.poll_batch(1000, 0.0, offset))[0]:
+            offset += got[0]
+            batches.append(got[1])
+    assert offset == len(MIXED)
+    got = pa.Table.from_batches(batches).drop_columns(["timestamp"])
+    want = S.build_batch("malamute", [consumer.row(d, i, 0) for i, d in enumerate(MIXED)]).drop_columns(["timestamp"])
+    assert got.equals(pa.Table.from_batches([want]))
+    assert "dropping malformed message" in caplog.text
+    assert events == [confirm]
+    assert b"PONG" in bytes(sock.outbound) + rx._wire._control  # sent, or waiting for the socket to take it
+
+
+def test_deliveries_after_a_lost_server_go_through_the_protocol_by_columns_too(sock):
+    """The server declared lost (silent past its timeout): the deliveries that end the silence go
+    through ``receive`` (which says the server is back), not straight into the columns; the batch
+    is the same."""
+    events: list = []
+    rx = MalamuteReceiver("tcp://127.0.0.1:1", "rx", on_event=events.append)
+    rx.poll(10, 0.0)  # the OPEN's answer
+    rx._proto.state = State.LOST
+    deliveries = [codec.MailboxDeliver("s", "rx", "", "", [b"m%d" % i]) for i in range(5)]
+    sock.inbound += wire(*deliveries)
+    consumer = source_of(rx)
+    count, got = consumer.poll_batch(10, 0.0, 0)
+    assert count == 5 and rx._proto.state is State.CONNECTED
+    want = S.build_batch("malamute", [consumer.row(d, i, 0) for i, d in enumerate(deliveries)])
+    assert got.drop_columns(["timestamp"]).equals(want.drop_columns(["timestamp"]))
+    assert [type(e) for e in events] == [ServerBack]

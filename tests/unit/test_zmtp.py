@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from array import array
 
 import pytest
 
@@ -465,153 +466,140 @@ def test_fuzz_mutated_valid_streams():
         assert outcome(data, None) == outcome(data, random_sizes(seed, 16)), seed
 
 
-# -- content frames into a caller's buffer (messages(..., body)) ------------------------------------
+# -- two-frame messages by columns (columns(heads, ends, body)) --------------------------------------
 
 
-def feed_body(conn: ZmtpConnection, data: bytes, sizes, bodies: list) -> list:
-    """As ``feed``, taking messages out after each chunk with ``body`` buffers: a new ``BodyBuffer``
-    per call, kept in ``bodies`` (each call's spans point into its own); ``(message, its buffer)``."""
-    def take(out: list) -> None:
+def take_columns(conn: ZmtpConnection, out: list, max_count: int = ALL) -> None:
+    """``columns`` until it returns None, each call with a new ``BodyBuffer`` holding a few bytes
+    already (what was there stays in front); the messages in order into ``out`` as ``(frames,
+    how)``: a two-frame message read back from its buffer (``"col"``), or another returned whole
+    (``"other"``). Checks that each call's ends tile its buffer after what it held, in order."""
+    while True:
         body = BodyBuffer()
-        got: list = []
-        conn.messages(got, ALL, body)
-        out.extend((m, body) for m in got)
-        bodies.append(body)
-
-    return feed(conn, data, sizes, [], take)
-
-
-def resolved(taken: list) -> list:
-    """Messages taken with body buffers, their spans read back as bytes."""
-    return [[f if isinstance(f, bytes) else bytes(body.data[f[0]:f[1]]) for f in m] for m, body in taken]
-
-
-@pytest.mark.parametrize("chunking", list(CHUNKINGS))
-def test_content_frames_into_a_body_buffer_come_out_the_same(chunking):
-    """The first frame stays bytes, the others are (start, stop) in the body buffer; read back,
-    the messages equal those of the plain parse, however the stream is cut (a message left
-    incomplete at the end of one call is completed by the next, with another buffer)."""
-    msgs = [[b"h%d" % i] + [bytes([i % 251]) * (i * 37 % 700) for _ in range(i % 4)] for i in range(300)]
-    msgs.append([b"h", b"x" * 70_000, b""])
-    conn = ZmtpConnection()
-    bodies: list = []
-    taken = feed_body(conn, peer(*msgs), CHUNKINGS[chunking](), bodies)
-    assert resolved(taken) == msgs
-    assert all(isinstance(m[0], bytes) for m, _ in taken)
-    assert all(isinstance(f, tuple) for m, _ in taken for f in m[1:]), "every content frame is a span"
-    # the spans of each call tile its buffer in order, nothing else in it: a message begun in an
-    # earlier call is laid in whole when it completes, and one left incomplete leaves the buffer
-    for body in bodies:
-        own = [f for m, b in taken if b is body for f in m[1:]]
-        assert [a for a, _ in own] == ([0] + [z for _, z in own[:-1]] if own else [])
-        assert (own[-1][1] if own else 0) == body.fill
+        body.append(b"before")
+        heads: list = []
+        ends = array("q")
+        try:
+            other = conn.columns(heads, ends, body, max_count)
+        finally:  # what was taken before an error stays taken (the caller's lists hold it)
+            assert len(heads) == len(ends) and list(ends) == sorted(ends)
+            assert (ends[-1] if ends else 6) == body.fill and bytes(body.data[:6]) == b"before"
+            begin = 6
+            for head, end in zip(heads, ends):
+                assert isinstance(head, bytes)
+                out.append(([head, bytes(body.data[begin:end])], "col"))
+                begin = end
+        if other is None:
+            return
+        assert all(isinstance(f, bytes) for f in other)
+        out.append((other, "other"))
 
 
-def test_a_message_left_incomplete_holds_bytes_only_and_leaves_the_buffer():
-    """Frames of an unfinished message taken into the body buffer are given back as bytes (the
-    buffer cut back), so a call without a buffer completes it."""
-    wire = message(b"head", b"one", b"two")
-    conn = ZmtpConnection()
-    feed(conn, peer() + message(b"h0", b"done") + wire[:-1])
-    body = BodyBuffer()
-    out: list = []
-    assert conn.messages(out, ALL, body) == 1
-    assert out == [[b"h0", (0, 4)]] and bytes(body) == b"done"
-    feed(conn, wire[-1:])
-    assert conn.messages(out, ALL) == 1
-    assert out[1] == [b"head", b"one", b"two"]
-
-
-def test_a_message_completed_into_a_body_buffer_is_laid_in_whole():
-    """Begun in one call (its first frames given back as bytes), completed in the next with a new
-    buffer: all its content frames are spans there, in order, after a message before it."""
-    wire = message(b"head", b"one", b"two")
-    conn = ZmtpConnection()
-    feed(conn, peer() + wire[:-1])
-    out: list = []
-    assert conn.messages(out, ALL, BodyBuffer()) == 0
-    feed(conn, wire[-1:] + message(b"h2", b"three"))
-    body = BodyBuffer(64)  # a reused buffer: what it held before the call stays in front
-    body.append(b"held")
-    assert conn.messages(out, ALL, body) == 2
-    assert out == [[b"head", (4, 7), (7, 10)], [b"h2", (10, 15)]]
-    assert bytes(body) == b"heldonetwothree" and len(body.data) == 64
-
-
-# -- two-frame messages with a body buffer: taken in one step ---------------------------------------
-
-
-def body_outcome(data: bytes, sizes, max_frame: int = 1 << 16) -> tuple:
-    """Messages (spans read back) and the error, taken with a new body buffer after each chunk
-    (``max_frame`` as ``outcome``'s)."""
+def columns_outcome(data: bytes, sizes, max_frame: int = 1 << 16) -> tuple:
+    """Messages and the error as ``outcome``'s (``max_frame`` as there), taken by ``take_columns``
+    after each chunk; and how each came."""
     conn = ZmtpConnection(max_frame=max_frame)
     taken: list = []
-
-    def take(_out: list) -> None:
-        body = BodyBuffer()
-        got: list = []
-        try:
-            conn.messages(got, ALL, body)
-        finally:
-            taken.extend((m, body) for m in got)
-
     try:
-        feed(conn, data, sizes, [], take)
+        feed(conn, data, sizes, taken, lambda out: take_columns(conn, out))
         error = None
     except RemoteProtocolError as exc:
         error = str(exc)
-    return resolved(taken), error
+    return [m for m, _ in taken], error, [how for _, how in taken]
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+def test_messages_taken_by_columns_come_out_the_same(chunking):
+    """Two-frame messages come by columns, the rest whole, in their order; read back, the messages
+    equal those of the plain parse however the stream is cut. A two-frame message is never taken
+    in parts: whatever the cut, every one (short first frame) comes by columns."""
+    msgs = [[b"h%d" % i] + [bytes([i % 251]) * (i * 37 % 700) for _ in range(i % 4)] for i in range(300)]
+    msgs += [[b"h", b"x" * 70_000, b""], [b"h", b"y" * 70_000], [b"L" * 256, b"long head"]]
+    got, error, how = columns_outcome(peer(*msgs), CHUNKINGS[chunking](), max_frame=1 << 20)
+    assert error is None and got == msgs
+    assert how == ["col" if len(m) == 2 and len(m[0]) <= 255 else "other" for m in msgs]
+
+
+def test_a_two_frame_message_not_all_received_stays_in_the_buffer_whole():
+    """Its first frame whole, its second not: nothing is taken (no partial message held), and the
+    buffer makes room for all of it; the rest arrives and it comes by columns."""
+    wire = message(b"head", b"z" * 100_000)
+    conn = ZmtpConnection()
+    feed(conn, peer([b"h0", b"done"]) + wire[:5000])
+    taken: list = []
+    take_columns(conn, taken)
+    assert taken == [([b"h0", b"done"], "col")] and conn.buffered == 5000
+    assert len(conn.buffer()) >= len(wire) - 5000
+    feed(conn, wire[5000:])
+    take_columns(conn, taken)
+    assert taken[1] == ([b"head", b"z" * 100_000], "col") and conn.buffered == 0
 
 
 def test_a_repeated_first_frame_is_handed_out_as_the_same_object():
     """Consecutive two-frame messages whose first frames hold the same bytes share one ``bytes``
     object (the Malamute receiver then looks their header up once); another header in between
-    gets its own, and the values are those of the plain parse."""
+    gets its own."""
     msgs = [[b"header-a", b"x" * 300], [b"header-a", b"y"], [b"header-b", b"z" * 5],
             [b"header-a", b""], [b"header-a", b"w" * 1000]]
     conn = ZmtpConnection()
     feed(conn, peer(*msgs))
+    heads: list = []
+    ends = array("q")
     body = BodyBuffer()
-    out: list = []
-    assert conn.messages(out, ALL, body) == len(msgs)
-    assert resolved([(m, body) for m in out]) == msgs
-    assert out[0][0] is out[1][0] and out[3][0] is out[4][0]
+    assert conn.columns(heads, ends, body, ALL) is None
+    assert heads == [m[0] for m in msgs] and list(ends) == [300, 301, 306, 306, 1306]
+    assert bytes(body) == b"".join(m[1] for m in msgs)
+    assert heads[0] is heads[1] and heads[3] is heads[4] and heads[2] is not heads[3]
 
 
 @pytest.mark.parametrize("flags", [0x01, 0x04, 0x05, 0x06, 0x08, 0x80])
 def test_a_last_frame_with_other_flags_is_left_to_the_frame_by_frame_parse(flags):
-    """After a short first frame with MORE, the one-step path takes only a last frame flagged 0x00
-    or 0x02: MORE (a third frame follows), COMMAND and reserved bits go the general way, with the
-    plain parse's outcome (a third frame, a PONG answered... or the error that names the flags)."""
+    """After a short first frame with MORE, columns take only a last frame flagged 0x00 or 0x02:
+    MORE (a third frame follows), COMMAND and reserved bits go the general way, with the plain
+    parse's outcome (a third frame, a PONG answered... or the error that names the flags)."""
     second = bytes((flags, 3)) + b"abc" if not flags & LONG else bytes((flags,)) + (3).to_bytes(8, "big") + b"abc"
     rest = frame(b"end") if flags & MORE else b""
     data = peer([b"ok", b"body"]) + frame(b"hdr", MORE) + second + rest + message(b"after", b"x")
     plain = outcome(data, None)
-    assert body_outcome(data, None) == (plain[0], plain[2])
-    assert body_outcome(data, itertools.repeat(1)) == (plain[0], plain[2])
+    assert columns_outcome(data, None)[:2] == (plain[0], plain[2])
+    assert columns_outcome(data, itertools.repeat(1))[:2] == (plain[0], plain[2])
     if flags & 0xF8:
         assert plain[2] is not None and "reserved" in plain[2]
 
 
-def test_max_count_stops_the_one_step_path_and_the_rest_follows_in_order():
-    """``max_count`` below the messages waiting: the one-step path takes that many, the next call
-    the rest, in order, into the same buffer after the first ones."""
+def test_max_count_stops_the_columns_and_the_rest_follows_in_order():
+    """``max_count`` below the messages waiting: columns take that many, the next call the rest,
+    in order, into the same buffer after the first ones."""
     msgs = [[b"h", b"m%d" % i] for i in range(10)]
     conn = ZmtpConnection()
     feed(conn, peer(*msgs))
+    heads: list = []
+    ends = array("q")
     body = BodyBuffer()
-    out: list = []
-    assert conn.messages(out, 4, body) == 4 and body.fill == 8
-    assert conn.messages(out, ALL, body) == 6
-    assert resolved([(m, body) for m in out]) == msgs
-    assert [f[1] for f in out] == [(2 * i, 2 * i + 2) for i in range(10)]
+    assert conn.columns(heads, ends, body, 4) is None and len(heads) == 4 and body.fill == 8
+    assert conn.columns(heads, ends, body, ALL) is None and len(heads) == 10
+    assert list(ends) == [2 * i + 2 for i in range(10)] and bytes(body) == b"".join(m[1] for m in msgs)
+
+
+def test_a_message_of_another_shape_ends_the_call_and_comes_whole():
+    """Columns stop at a message of another shape: it is returned, nothing after it taken (the
+    caller acts on it in order), and the next call goes on by columns."""
+    conn = ZmtpConnection()
+    feed(conn, peer([b"h", b"one"], [b"solo"], [b"h", b"two"]))
+    heads: list = []
+    ends = array("q")
+    body = BodyBuffer()
+    assert conn.columns(heads, ends, body, ALL) == [b"solo"]
+    assert heads == [b"h"] and bytes(body) == b"one"
+    assert conn.columns(heads, ends, body, ALL) is None
+    assert heads == [b"h", b"h"] and bytes(body) == b"onetwo" and list(ends) == [3, 6]
 
 
 @pytest.mark.parametrize("chunking", list(CHUNKINGS))
 def test_two_frame_messages_around_commands_and_longer_messages_come_out_the_same(chunking):
-    """The one-step path for (short first frame, last frame) gives way to the frame-by-frame parse
-    for anything else (a PING between the two frames or between messages, three frames, a long
-    first frame, a one-frame message), with the same messages and the PINGs answered."""
+    """Columns give way to the frame-by-frame parse for anything else (a PING between the two
+    frames or between messages, three frames, a long first frame, a one-frame message), with the
+    same messages and the PINGs answered."""
     ping = command(b"PING", b"\x00\x0actx")
     parts = [message(b"h", b"one"), frame(b"h", MORE) + ping + frame(b"two"), ping, message(b"h", b"a", b"b"),
              message(b"H" * 300, b"long head"), message(b"single"), message(b"h", b"L" * 70_000),
@@ -619,28 +607,28 @@ def test_two_frame_messages_around_commands_and_longer_messages_come_out_the_sam
     expected = [[b"h", b"one"], [b"h", b"two"], [b"h", b"a", b"b"], [b"H" * 300, b"long head"], [b"single"],
                 [b"h", b"L" * 70_000], [b"h", b"three"]]
     conn = ZmtpConnection()
-    taken = feed_body(conn, peer() + b"".join(parts), CHUNKINGS[chunking](), [])
-    assert resolved(taken) == expected
+    taken = feed(conn, peer() + b"".join(parts), CHUNKINGS[chunking](), [], lambda out: take_columns(conn, out))
+    assert [m for m, _ in taken] == expected
     assert conn.data_to_send().count(b"PONG") == 2
 
 
 def test_a_last_frame_over_max_frame_raises_in_a_two_frame_message():
-    """The size check holds on the one-step path: a two-frame message whose last frame announces
-    more than ``max_frame`` raises at that frame's header, the message before it delivered."""
-    # the whole frame is there: without the check, the one-step path would take the message
+    """The size check holds for columns: a two-frame message whose last frame announces more than
+    ``max_frame`` raises at that frame's header, the message before it delivered."""
+    # the whole frame is there: without the check, the columns would take the message
     data = peer([b"ok", b"fine"]) + frame(b"head", MORE) + b"\x02" + (1001).to_bytes(8, "big") + b"x" * 1001
-    taken, error = body_outcome(data, None, max_frame=1000)
+    taken, error, _ = columns_outcome(data, None, max_frame=1000)
     assert taken == [[b"ok", b"fine"]]
     assert error is not None and "1001" in error
 
 
-def test_fuzz_mutated_two_frame_streams_with_a_body_buffer():
-    """Mutations of a stream of two-frame messages: taken with body buffers, whole or in random
-    chunks, the same messages and error as the plain parse."""
+def test_fuzz_mutated_two_frame_streams_by_columns():
+    """Mutations of a stream of two-frame messages: taken by columns, whole or in random chunks,
+    the same messages and error as the plain parse."""
     valid = peer(*[[b"hdr", b"v" * (i * 97 % 400)] for i in range(12)], [b"a", b"b", b"c"])
-    assert body_outcome(valid, None) == (outcome(valid, None)[0], None)
+    assert columns_outcome(valid, None)[:2] == (outcome(valid, None)[0], None)
     for seed in range(500):
         data = mutated(valid, seed)
         plain, _, error, _ = outcome(data, None)
-        assert body_outcome(data, None) == (plain, error), seed
-        assert body_outcome(data, random_sizes(seed, 16)) == (plain, error), seed
+        assert columns_outcome(data, None)[:2] == (plain, error), seed
+        assert columns_outcome(data, random_sizes(seed, 16))[:2] == (plain, error), seed
