@@ -526,17 +526,21 @@ class Deliveries:
         self.fields.append(fields)
         self.ends.append(self.body.fill)
 
+    def add_delivery(self, delivery) -> None:
+        """One more delivery object (held, or decoded by ``receive``)."""
+        self.add(vars(delivery), delivery.content)
+
     def cut(self, index: int) -> list:
         """Take the deliveries from ``index`` on out again: their ``(fields, content)``, the content
         as ``bytes`` (``body`` goes back to where they began)."""
         ends, data = self.ends, self.body.data
-        begin = ends[index - 1] if index else self.start
+        begin = origin = ends[index - 1] if index else self.start
         taken = []
         for i in range(index, len(self.fields)):
             frames = self.frames.pop(i, None)
             taken.append((self.fields[i], frames if frames is not None else [bytes(data[begin:ends[i]])]))
             begin = ends[i]
-        self.body.fill = ends[index - 1] if index else self.start
+        self.body.fill = origin
         del self.fields[index:], self.ends[index:]
         return taken
 
@@ -651,7 +655,7 @@ class MalamuteReceiver(_Status):
                 if body is None:
                     out.append(delivery)
                 else:
-                    out.add(vars(delivery), delivery.content)
+                    out.add_delivery(delivery)
             clock = time.monotonic
             deadline = clock() + timeout
             waited = False
@@ -660,9 +664,9 @@ class MalamuteReceiver(_Status):
                 if len(out) >= max_count or (body is not None and body.fill >= max_bytes):
                     return out
                 now = clock()
-                if now >= deadline or (len(out) and waited and not got):
+                if now >= deadline or (out and waited and not got):
                     return out
-                self._wait(min(deadline - now, gap) if len(out) else deadline - now)
+                self._wait(min(deadline - now, gap) if out else deadline - now)
                 waited = True
 
     def keepalive(self) -> None:
@@ -801,7 +805,7 @@ class MalamuteReceiver(_Status):
             if len(out) > mark:
                 self._resolve(out, mark, now)
             if other is not None:
-                self._receive(other, now, lambda event: out.add(vars(event), event.content))
+                self._receive(other, now, out.add_delivery)
             elif len(out) == mark:
                 break
         self._tick(now)
@@ -835,9 +839,8 @@ class MalamuteReceiver(_Status):
             fields[mark:] = resolved
             self._proto.heard(now)
             return
-        add = lambda event: out.add(vars(event), event.content)  # noqa: E731
         for header, content in out.cut(mark):
-            self._receive([header, *content], now, add)
+            self._receive([header, *content], now, out.add_delivery)
 
     def _receive(self, frames: list, now: float, deliver) -> None:
         """One message through the protocol: ``deliver(delivery)`` for a delivery, ``_event`` for the rest."""

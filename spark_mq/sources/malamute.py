@@ -109,7 +109,7 @@ class MalamuteConsumer:
         of the receive buffer, into the buffer the body column is built over; no ``bytes``, no row
         tuple per message (``bench/bench_ingest.py``)."""
         taken = self.client.poll(max_count, timeout, _DRAIN_WAIT, self._body_buffer(), _GROUP_BYTES_MAX)
-        if not len(taken):
+        if not taken:
             self._check_lost()
             return 0, None
         return len(taken), deliveries_batch(taken, self.destination, offset, int(time.time() * 1_000_000))
