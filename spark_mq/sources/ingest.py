@@ -66,6 +66,7 @@ _LOG_LOCK_WAIT = 10.0
 _REFUSAL_GRACE = 10.0  # seconds a first connection must stay refused before the query fails
 _REFUSALS = 3  # ... over at least this many attempts
 _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
+_UNWATCHED_SLACK = 0.05  # seconds between or past polls that still count as watching for silence
 _UNSYNCED_GROUPS = 4  # appended groups that may wait for the flusher while the ingest gathers the next
 
 
@@ -246,6 +247,7 @@ class Ingest:
         self.queue_depth: Optional[int] = None
         self._depth_asked = 0.0
         self.last_message = time.monotonic()
+        self._polled_at = self.last_message    # when the ingest's last poll returned
         self.first_poll_done = False
         self._target_consumed: Optional[int] = None
         self._reached_at: Optional[float] = None
@@ -450,21 +452,23 @@ class Ingest:
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
         poll_batch = getattr(consumer, "poll_batch", None)
         if poll_batch is not None:  # the consumer builds the group's batch itself (Malamute: no acks)
+            started = time.monotonic()
             count, batch = poll_batch(self._group_count, wait, self.log.head)
             if not count:
-                self._nothing_came(consumer)
+                self._nothing_came(consumer, started, wait)
                 return
-            self.last_message = time.monotonic()
+            self.last_message = self._polled_at = time.monotonic()
             self.consumed += count
             self._durable_later(self._append([batch], count), None)
             self._maybe_fix_target(consumer, quiet_ok=False)
             return
+        started = time.monotonic()
         msgs = consumer.poll(self._group_count, wait)
         if not msgs:
-            self._nothing_came(consumer)
+            self._nothing_came(consumer, started, wait)
             return
         now = time.monotonic()
-        self.last_message = now
+        self.last_message = self._polled_at = now
         now_us = int(time.time() * 1_000_000)
         offset = self.log.head
         kept_tokens = []
@@ -507,7 +511,23 @@ class Ingest:
                     self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
         self._maybe_fix_target(consumer, quiet_ok=False)
 
-    def _nothing_came(self, consumer) -> None:
+    def _nothing_came(self, consumer, started: float, wait: float) -> None:
+        """A poll that began at ``started`` and could wait ``wait`` seconds returned nothing."""
+        now = time.monotonic()
+        # Silence counts only while the ingest watched. Before this poll it was busy elsewhere since
+        # the last one returned (building and appending a group, waiting for an fsync), and a poll
+        # that returns later than its wait allows was stalled with the whole process (a garbage
+        # collection, a starved CPU): the client's reader stalled too, so deliveries may wait unread
+        # in the socket, and an empty poll right after a stall says nothing about the broker.
+        # Such unwatched time, beyond the loop's own few milliseconds, moves the start of the silence on.
+        unwatched = 0.0
+        for gap in (started - self._polled_at, now - started - wait):
+            if gap > _UNWATCHED_SLACK:
+                unwatched += gap
+        self._polled_at = now
+        if unwatched:
+            log.debug("%s source: %.3f s unwatched before an empty poll; silence counts from later", self.fmt, unwatched)
+            self.last_message = min(now, self.last_message + unwatched)
         self._settle(keep=0)  # nothing more came: what came before is acknowledged now
         self.first_poll_done = True
         self._maybe_fix_target(consumer, quiet_ok=True)

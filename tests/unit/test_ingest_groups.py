@@ -397,7 +397,68 @@ def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_pa
     assert ing.log.durable_head == 2
     ing._step()                                    # the broker had no time to send more yet
     assert ing.target is None, "the drain ended on silence the fsync caused"
-    time.sleep(1.1)
-    ing._step()                                    # a quiet period after the acks: drained
+    _watch(ing, 1.1)                               # a quiet period of polls after the acks: drained
     assert ing.target == 2
+    ing.log.close()
+
+
+def _watch(ing, seconds):
+    """Step the ingest for ``seconds`` (its polls of an empty consumer return at once)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and ing.target is None:
+        ing._step()
+        time.sleep(0.005)
+
+
+class _StallingConsumer(_FakeConsumer):
+    """Deliveries in two parts, and between them one empty poll after the process stalled: in the
+    ingest thread while it built the first part's rows (a garbage collection in the thread that
+    allocates), or inside that poll (the whole process stalled while the poll waited). Either way
+    the client's reader did not run: the second part was sent, but not read yet."""
+
+    def __init__(self, first, second, stall, where):
+        super().__init__(first)
+        self.second, self.stall, self.where = second, stall, where
+        self.polls = 0
+
+    def poll(self, max_count, timeout):
+        import time
+
+        self.polls += 1
+        if self.polls == 2:                        # the empty poll right after the stall
+            if self.where == "poll":
+                time.sleep(self.stall)
+            return []
+        if self.polls == 3:
+            self.bodies = self.second
+        return super().poll(max_count, timeout)
+
+    def row(self, msg, offset, now_us):
+        import time
+
+        if self.where == "rows" and self.polls == 1 and msg[0] == 0:
+            time.sleep(self.stall)
+        return super().row(msg, offset, now_us)
+
+
+@pytest.mark.parametrize("ack_mode", ["auto", "durable"])
+@pytest.mark.parametrize("where", ["rows", "poll"])
+def test_a_stalled_process_does_not_pass_for_the_brokers_silence(tmp_path, where, ack_mode):
+    """A stall of the reader process longer than the quiet period (between two polls, or inside
+    one), followed by an empty poll, is not the broker's silence: the drain goes on and takes the
+    rest. Before silence counted only watched time, this ended the drain after the first part, but
+    for a stall between polls in durable mode (the acks of the first part restarted the count)."""
+    ing = _ingest(tmp_path, quietPeriod="0.3s", fsync="false")
+    ing.ack_mode = ack_mode
+    ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
+    ing._consumer = _StallingConsumer([b"a", b"b"], [b"c"], stall=0.6, where=where)
+    ing._step()                                    # the first part (and a stall building its rows)
+    ing._step()                                    # an empty poll (after, or with, the stall)
+    assert ing.target is None, f"a stall ({where}) ended the drain"
+    ing._step()                                    # the second part
+    assert ing.log.head == 3
+    _watch(ing, 0.6)                               # then true silence: drained
+    assert ing.target == 3
     ing.log.close()
