@@ -469,7 +469,9 @@ SOURCE_OPTIONS = define(
     OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
         "availableNow and batch reads: the backlog is drained once nothing arrives for this long "
         "(AMQP availableNow also uses the queue depth). Silence counts only while the broker is free to "
-        "send: connected, not paused, and from the last acknowledgement (a slow fsync holds the prefetch).")),
+        "send: connected, not paused, from the last acknowledgement (a slow fsync holds the prefetch), and "
+        "while the reader process runs. Keep it above the broker's own pauses: RabbitMQ's STOMP adapter was "
+        "measured pausing up to 0.54 s within a drain (python -m bench.stomp_pauses).")),
     OptionSpec("maxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
                doc="Batch reads (spark.read): read at most this many messages."),
     OptionSpec("readTimeout", OptionType.DURATION, default=30.0, minimum=0, directions=_SRC,
