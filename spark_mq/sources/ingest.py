@@ -516,8 +516,8 @@ class Ingest:
         now = time.monotonic()
         # Silence counts only while the ingest watched. Before this poll it was busy elsewhere since
         # the last one returned (building and appending a group, waiting for an fsync), and a poll
-        # that returns later than its wait allows was stalled with the whole process (a garbage
-        # collection, a starved CPU): the client's reader stalled too, so deliveries may wait unread
+        # that returns later than its wait allows was stalled with the whole process (a starved CPU,
+        # a paused machine): the client's reader stalled too, so deliveries may wait unread
         # in the socket, and an empty poll right after a stall says nothing about the broker.
         # Such unwatched time, beyond the loop's own few milliseconds, moves the start of the silence on.
         unwatched = 0.0

@@ -414,8 +414,8 @@ def _watch(ing, seconds):
 
 class _StallingConsumer(_FakeConsumer):
     """Deliveries in two parts, and between them one empty poll after the process stalled: in the
-    ingest thread while it built the first part's rows (a garbage collection in the thread that
-    allocates), or inside that poll (the whole process stalled while the poll waited). Either way
+    ingest thread while it built the first part's rows (the process descheduled, holding the GIL),
+    or inside that poll (the whole process stalled while the poll waited). Either way
     the client's reader did not run: the second part was sent, but not read yet."""
 
     def __init__(self, first, second, stall, where):
