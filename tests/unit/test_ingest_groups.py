@@ -3,6 +3,8 @@ with acks, half the prefetch). Pure arithmetic on an Ingest that is never starte
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from spark_mq.options import SOURCE, parse_options
@@ -384,8 +386,6 @@ def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_pa
     """Durable mode without a queue depth (STOMP): while a group waits for its fsync, its messages
     hold the broker's prefetch, so the broker is silent because of us. Silence counts from the acks
     that follow the fsync, not from the last delivery: a slow disk must not end the drain early."""
-    import time
-
     # a 1 s quiet period, so that a stall of the test machine between two steps cannot pass for it
     ing = _ingest(tmp_path, quietPeriod="1s")
     ing.ack_mode = "durable"  # as stomp has it; Malamute's rows suit the fake consumer
@@ -404,8 +404,6 @@ def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_pa
 
 def _watch(ing, seconds):
     """Step the ingest for ``seconds`` (its polls of an empty consumer return at once)."""
-    import time
-
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and ing.target is None:
         ing._step()
@@ -424,8 +422,6 @@ class _StallingConsumer(_FakeConsumer):
         self.polls = 0
 
     def poll(self, max_count, timeout):
-        import time
-
         self.polls += 1
         if self.polls == 2:                        # the empty poll right after the stall
             if self.where == "poll":
@@ -436,8 +432,6 @@ class _StallingConsumer(_FakeConsumer):
         return super().poll(max_count, timeout)
 
     def row(self, msg, offset, now_us):
-        import time
-
         if self.where == "rows" and self.polls == 1 and msg[0] == 0:
             time.sleep(self.stall)
         return super().row(msg, offset, now_us)
