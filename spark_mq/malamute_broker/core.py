@@ -137,6 +137,10 @@ class BrokerCore:
         # Answers (OK, PONG, ERROR) that met a full client queue, per client, in order: never dropped,
         # since a client matches answers to its requests in order and one lost answer shifts the rest.
         self.backlog_replies: dict[bytes, deque] = {}
+        # stored messages with a deadline created since tick() last found none queued: while zero,
+        # tick() does not look through the queues (it did, every second: 58 ms a tick with
+        # 1,000,000 untimed mails queued, the broker answering nobody meanwhile)
+        self._timed = 0
         self.stats = {"malformed": 0, "dropped": 0, "expired_clients": 0, "expired_messages": 0,
                       "unroutable": 0}
         self._handlers = {
@@ -201,8 +205,12 @@ class BrokerCore:
         for client in [c for c in self.clients.values() if c.last_seen < deadline]:
             self.stats["expired_clients"] += 1
             self._deregister(client)
+        if not self._timed:
+            return
+        timed = 0
         for queue in list(self.mailboxes.values()) + [s.queue for s in self.services.values()]:
-            if queue and any(e.deadline is not None and e.deadline <= now for e in queue):
+            deadlines = [e.deadline for e in queue if e.deadline is not None]
+            if deadlines and min(deadlines) <= now:
                 kept = [e for e in queue if e.deadline is None or e.deadline > now]
                 self.stats["expired_messages"] += len(queue) - len(kept)
                 for e in queue:
@@ -210,6 +218,10 @@ class BrokerCore:
                         self.store.delivered(e.seq)
                 queue.clear()
                 queue.extend(kept)
+                timed += sum(1 for e in kept if e.deadline is not None)
+            else:
+                timed += len(deadlines)
+        self._timed = timed
 
     def restore(self, address: str, header: bytes, content: list, seq: int) -> None:
         """Put a message loaded from the persistent store back into its mailbox (at start-up)."""
@@ -346,6 +358,8 @@ class BrokerCore:
     def _mailbox_send(self, rid, client: Client, msg: codec.MailboxSend, now) -> None:
         header = codec.encode_header(codec.MailboxDeliver(client.address, msg.address, msg.subject, msg.tracker))
         deadline = now + msg.timeout / 1000.0 if msg.timeout else None
+        if deadline is not None:
+            self._timed += 1
         entry = Stored(header, list(msg.content), b"", deadline)
         owners = self.by_address.get(msg.address)
         box = self.mailboxes.get(msg.address)
@@ -415,6 +429,8 @@ class BrokerCore:
     def _service_send(self, rid, client: Client, msg: codec.ServiceSend, now) -> None:
         header = codec.encode_header(codec.ServiceDeliver(client.address, msg.address, msg.subject, msg.tracker))
         deadline = now + msg.timeout / 1000.0 if msg.timeout else None
+        if deadline is not None:
+            self._timed += 1
         entry = Stored(header, list(msg.content), _raw(msg.subject), deadline)
         service = self.services.get(msg.address)
         if service is None:

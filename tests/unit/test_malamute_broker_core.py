@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from typing import Optional
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,12 +21,15 @@ class Net:
     def __init__(self, **kwargs) -> None:
         self.out: list[tuple[bytes, list]] = []
         self.down: set[bytes] = set()
+        self.room: Optional[int] = None  # messages the peers' queues take before they are full (None: no end)
         self.core = BrokerCore(self.send, **kwargs)
         self.now = 0.0
 
     def send(self, rid, frames) -> bool:
-        if rid in self.down:
+        if rid in self.down or self.room == 0:
             return False
+        if self.room is not None:
+            self.room -= 1
         self.out.append((rid, [bytes(f) for f in frames]))
         return True
 
@@ -169,6 +175,51 @@ def test_full_client_queue_keeps_mail_in_order_and_retries_while_connected():
     assert not net.core.backlog_mailboxes and "bob" not in net.core.mailboxes
 
 
+def test_waiting_mail_goes_out_as_room_allows_and_the_store_books_only_what_was_sent(tmp_path):
+    """A peer whose queue has room for some of its waiting mail takes that much, in order, with
+    every content frame; the rest waits, retried in order; and the store records as delivered
+    exactly what was sent, so a broker restarted in between still has the rest, and nothing sent."""
+    store = MailboxStore(tmp_path)
+    net = Net(store=store)
+    net.open(b"S", "s")
+    contents = [[], [b"one"], [b"a", b"b", b"c"]] * 4  # 12 mails of 0, 1 and 3 content frames
+    for i, content in enumerate(contents):
+        net.do(b"S", codec.MailboxSend("bob", f"m{i}", "", 0, content))
+    store.flush()
+    net.room = 6  # the OK to bob's open, then 5 mails
+    out = net.do(b"B", codec.ConnectionOpen("bob"))
+    assert out[0] == (b"B", codec.Ok())
+    got = [m for _, m in out[1:]]
+    assert [m.subject for m in got] == [f"m{i}" for i in range(5)]
+    assert [list(m.content) for m in got] == contents[:5]
+    assert net.core.backlog_mailboxes == {"bob"} and net.core.stats["unroutable"] == 1
+    store.flush()
+    assert [subject_of(header) for _, _, header, _ in _restarted(store, tmp_path / "copy")] == \
+        [f"m{i}" for i in range(5, 12)]
+    net.out.clear()
+    net.room = 4
+    net.core.retry_backlog()
+    assert [codec.decode(f).subject for _, f in net.out] == [f"m{i}" for i in range(5, 9)]
+    net.out.clear()
+    net.room = 100
+    net.core.retry_backlog()
+    assert [codec.decode(f).subject for _, f in net.out] == [f"m{i}" for i in range(9, 12)]
+    assert not net.core.backlog_mailboxes and "bob" not in net.core.mailboxes
+    store.flush()
+    assert _restarted(store, tmp_path / "copy2") == []
+
+
+def _restarted(store: MailboxStore, where) -> list:
+    """What a broker restarted on a copy of ``store``'s journal now would load (``load`` rewrites
+    the journal it reads, so the running store keeps its own)."""
+    shutil.copytree(store.directory, where)
+    return MailboxStore(where).load()
+
+
+def subject_of(header: bytes) -> str:
+    return codec.decode([header]).subject
+
+
 def test_full_worker_queue_keeps_requests_and_retries():
     net = Net()
     net.open(b"C", "c")
@@ -222,6 +273,38 @@ def test_stored_message_timeout_expires():
     out = net.do(b"B", codec.ConnectionOpen("bob"))
     assert [m.subject for _, m in out[1:]] == ["forever"]
     assert net.core.stats["expired_messages"] == 1
+
+
+def test_timed_mail_expires_after_ticks_that_found_none():
+    """``tick`` skips the queues while no stored message has a deadline; mail with one, to a
+    mailbox or a service, stored after such ticks, still expires, and untimed mail is kept."""
+    net = Net()
+    net.open(b"S", "s")
+    net.do(b"S", codec.MailboxSend("bob", "untimed", "", 0, []))
+    for t in (1.0, 2.0):
+        net.now = t
+        net.core.tick(net.now)
+    net.do(b"S", codec.ServiceSend("svc", "job", "", 1000, []))  # each kind alone: one must not hide the other
+    net.now = 2.5
+    net.core.tick(net.now)  # not yet due
+    assert len(net.core.services["svc"].queue) == 1
+    net.now = 3.5
+    net.core.tick(net.now)
+    assert not net.core.services["svc"].queue and net.core.stats["expired_messages"] == 1
+    net.do(b"S", codec.MailboxSend("bob", "short", "", 1000, []))
+    net.now = 4.0
+    net.core.tick(net.now)
+    assert [subject_of(e.header) for e in net.core.mailboxes["bob"]] == ["untimed", "short"]
+    net.now = 4.6
+    net.core.tick(net.now)
+    assert [subject_of(e.header) for e in net.core.mailboxes["bob"]] == ["untimed"]
+    assert net.core.stats["expired_messages"] == 2
+    net.do(b"S", codec.MailboxSend("bob", "later", "", 500, []))  # after a tick that found them all gone
+    net.now = 5.2
+    net.core.tick(net.now)
+    assert net.core.stats["expired_messages"] == 3
+    out = net.do(b"B", codec.ConnectionOpen("bob"))
+    assert [m.subject for _, m in out[1:]] == ["untimed"]
 
 
 def test_bounded_mailbox_drops_and_counts():
