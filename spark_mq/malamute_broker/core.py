@@ -284,6 +284,8 @@ class BrokerCore:
             for frames, entry in reversed(client.held):
                 if entry is not None:
                     box.appendleft(entry)
+                    if entry.deadline is not None:
+                        self._timed += 1  # a tick may have run while it was held, out of every queue
         client.held.clear()
 
     # ------------------------------------------------------------ connection

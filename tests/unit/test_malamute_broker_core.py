@@ -307,6 +307,24 @@ def test_timed_mail_expires_after_ticks_that_found_none():
     assert [m.subject for _, m in out[1:]] == ["untimed"]
 
 
+def test_timed_mail_held_by_the_credit_window_still_expires_once_back_in_its_mailbox():
+    """Credit mode: timed mail held for a client without credit is in no queue, so a tick then finds
+    no timed mail; when the client goes and the mail returns to its mailbox, it must still expire."""
+    net = Net(credit=True)
+    net.open(b"S", "s")
+    net.open(b"B", "bob")                          # no CREDIT: mail to bob is held, not sent
+    net.do(b"S", codec.MailboxSend("bob", "short", "", 1000, []))
+    assert len(net.core.clients[b"B"].held) == 1 and "bob" not in net.core.mailboxes
+    net.now = 0.5
+    net.core.tick(net.now)                         # finds no timed mail in any queue
+    net.do(b"B", codec.ConnectionClose())          # the held mail goes back to bob's mailbox
+    assert [subject_of(e.header) for e in net.core.mailboxes["bob"]] == ["short"]
+    net.now = 2.0
+    net.core.tick(net.now)
+    assert "bob" not in net.core.mailboxes or not net.core.mailboxes["bob"]
+    assert net.core.stats["expired_messages"] == 1
+
+
 def test_bounded_mailbox_drops_and_counts():
     net = Net(limits=Limits(max_mailbox=2))
     net.open(b"S", "s")
