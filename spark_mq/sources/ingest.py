@@ -67,7 +67,17 @@ _REFUSAL_GRACE = 10.0  # seconds a first connection must stay refused before the
 _REFUSALS = 3  # ... over at least this many attempts
 _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
 _UNWATCHED_SLACK = 0.05  # seconds between or past polls that still count as watching for silence
-_UNSYNCED_GROUPS = 4  # appended groups that may wait for the flusher while the ingest gathers the next
+# Appended groups that may wait for the flusher (their write and fsync) while the ingest gathers the
+# next: about _UNSYNCED_BYTES of groups of ``fsyncBytes``, never fewer than _UNSYNCED_GROUPS. The
+# fsync of a 1 MiB group takes 2-3 ms at the median on this machine's disk but 7-14 ms at p90-p99 and
+# up to 50 ms, while the ingest gathers 1 MiB of 4 KiB mails in about 3 ms. At 4 groups (the bound
+# until 2026-11-27) the ingest thread waited for the disk about 800 times per 1,000,000 x 4 KiB
+# Malamute drain, 2.7-3.6 s in all, while the broker's deliveries queued; at 32 groups 24-30 times
+# (0.3-0.5 s), at 64 a handful (0.02 s). The query's time gained less and not in every run (the
+# machine's 2 cores are the other bound): see docs/sources.md. Each waiting group holds its
+# serialized bytes until the flusher writes them (write-behind): this is also what the bound costs.
+_UNSYNCED_GROUPS = 4
+_UNSYNCED_BYTES = 64 << 20
 
 
 class BrokerUnavailableError(SparkMqError):
@@ -220,6 +230,7 @@ class Ingest:
         # in 1 MiB groups, 8.1 us in 20,000-message groups (80 MB), 6.9 us at 256 KiB: a group that fits
         # the CPU caches is copied from cache (join, IPC serialization, write); large fresh buffers page-fault.
         self._group_count = self._group_limit
+        self._unsynced_groups = max(_UNSYNCED_GROUPS, _UNSYNCED_BYTES // opts.fsyncBytes)
         self._row_bytes = S.row_bytes_function(fmt)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
@@ -444,11 +455,11 @@ class Ingest:
             self.paused = False
             consumer.resume()
             self.last_message = time.monotonic()  # a pause is not the broker's silence
-        # Groups waiting for the flusher (their write and fsync) while the next is gathered: a few,
-        # so that the ingest does not stop at every fsync the disk takes longer for than one group
-        # takes to gather; nothing waits on their durability but Spark's planning (the flusher
-        # serves no acks), and each holds about fsyncBytes until written.
-        self._settle(keep=_UNSYNCED_GROUPS)
+        # Groups waiting for the flusher (their write and fsync) while the next is gathered: enough
+        # that the ingest does not stop whenever one fsync takes longer than a few groups take to
+        # gather (see _UNSYNCED_BYTES); nothing waits on their durability but Spark's planning (the
+        # flusher serves no acks), and each holds about fsyncBytes until written.
+        self._settle(keep=self._unsynced_groups)
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
         poll_batch = getattr(consumer, "poll_batch", None)
         if poll_batch is not None:  # the consumer builds the group's batch itself (Malamute: no acks)

@@ -456,3 +456,46 @@ def test_a_stalled_process_does_not_pass_for_the_brokers_silence(tmp_path, where
     _watch(ing, 0.6)                               # then true silence: drained
     assert ing.target == 3
     ing.log.close()
+
+
+@pytest.mark.parametrize("fsync_bytes, waiting", [
+    (None, 64),     # 64 MiB of the default 1 MiB groups
+    ("8m", 8),
+    ("64m", 4),     # never fewer than 4 groups
+])
+def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_path, monkeypatch, fsync_bytes, waiting):
+    """While the disk holds one fsync, the ingest goes on appending groups until about 64 MiB of
+    them (``fsyncBytes`` each, at least 4 groups) wait for the flusher; the next step waits for the
+    disk, and none of them is offered to Spark before its fsync returns."""
+    import threading
+
+    from spark_mq.sources.ingest import _Flusher
+
+    ing = _ingest(tmp_path, **({"fsyncBytes": fsync_bytes} if fsync_bytes else {}))
+    assert ing._unsynced_groups == waiting
+    ing._consumer = _FakeConsumer([b"first"])
+    ing._step()                                     # the log's first segment, fsynced in line
+    entered, release = _slow_sync(ing, monkeypatch)
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    for i in range(waiting + 1):                    # the first group's fsync is held on the "disk"
+        ing._consumer.bodies = [b"g%d" % i]
+        step = threading.Thread(target=ing._step)
+        step.start()
+        step.join(10)
+        assert not step.is_alive(), f"step {i} waited for the disk with {len(ing._unsynced)} groups unsynced"
+        assert entered.wait(10)
+    assert len(ing._unsynced) == waiting + 1 and ing.log.head == waiting + 2 and ing.log.durable_head == 1
+    ing._consumer.bodies = [b"last"]
+    step = threading.Thread(target=ing._step)       # one group more than may wait: this step waits
+    step.start()
+    step.join(0.3)
+    assert step.is_alive() and ing.log.head == waiting + 2
+    release.set()
+    step.join(10)
+    assert not step.is_alive() and ing.log.head == waiting + 3
+    ing._settle(keep=0)
+    assert ing.log.durable_head == waiting + 3
+    bodies = [x for b in ing.log.read(0, waiting + 3) for x in b.column("body").to_pylist()]
+    assert bodies == [b"first"] + [b"g%d" % i for i in range(waiting + 1)] + [b"last"]
+    ing._flusher.close()
+    ing.stop()
