@@ -261,13 +261,13 @@ def main(argv: list[str]) -> dict:
     counts = _counts(args.quick)
     url, node = _broker_url()
     try:
-        return _run(url, counts, args.rounds, icount=not args.no_icount)
+        return _run(url, counts, args.rounds, icount=not args.no_icount, partial=args.quick)
     finally:
         if node is not None:
             node.stop()
 
 
-def _run(url: str, counts: dict, rounds: int, icount: bool = True) -> dict:
+def _run(url: str, counts: dict, rounds: int, icount: bool = True, partial: bool = False) -> dict:
     import pika
 
     setup = pika.BlockingConnection(_pika_params(url))
@@ -318,7 +318,7 @@ def _run(url: str, counts: dict, rounds: int, icount: bool = True) -> dict:
             figures["consume_instructions_per_msg_100B"] = ic
             print(f"consume 100B, instructions per message (callgrind): spark-mq {ic['ours']:,.0f}, "
                   f"pika {ic['pika']:,.0f}, ratio x{ic['ratio']:.3f}")
-    write_results("amqp08", figures, partial=args.quick)
+    write_results("amqp08", figures, partial=partial)
     return results
 
 

@@ -25,7 +25,6 @@ import base64
 import datetime as _dt
 import decimal
 import json
-import os
 import signal
 import sys
 import threading

@@ -26,7 +26,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import SOURCE, Options, parse_options
-from spark_mq.sourcelog import DataLossError, LogSlice, read_slice
+from spark_mq.sourcelog import DataLossError, read_slice
 from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources")
