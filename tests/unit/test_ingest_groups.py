@@ -219,8 +219,8 @@ def test_an_fsync_failure_fails_the_ingest_and_acks_nothing(tmp_path, monkeypatc
 def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monkeypatch):
     """With the fsync in its own thread (a started ingest on a local, fsynced log): a step returns
     while its group's fsync still waits on the disk, and the next group is polled and appended
-    meanwhile; neither is acknowledged nor offered to Spark until that fsync returns, and no more
-    than one group waits for it while another is gathered."""
+    meanwhile; neither is acknowledged nor offered to Spark until that fsync returns, and a step
+    whose poll brings nothing waits for it (what came before is acknowledged then)."""
     import threading
 
     from spark_mq.sources.ingest import _Flusher
