@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections import Counter
 
-from bench.bench_sources import SIZES, _arg, only_formats, pairs, protocol_table
+from bench.bench_sources import _arg, only_formats, pairs, protocol_table
 from bench.common import ProcessCpu, harness, settle, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from bench.bench_sources import JIT_SETTLED, JIT_WARMUP_MAX
 from bench.report import RESULTS, ROOT, table

@@ -217,6 +217,10 @@ class SourceLog:
         self._write_behind = False
         self._unwritten: deque = deque()
         self._write_lock = threading.Lock()
+        # bytes ever queued (under ``_lock``) and written (under ``_write_lock``): each counter has
+        # one lock, so their difference is what waits unwritten (``unwritten_bytes``)
+        self._queued_bytes = 0
+        self._written_bytes = 0
         self._write_failed: Optional[OSError] = None
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
@@ -439,6 +443,7 @@ class SourceLog:
                     seg = self._new_segment(head)
                 if self._write_behind:
                     self._unwritten.append((self._fd, data))
+                    self._queued_bytes += len(data)
                 else:
                     _write_all(self._fd, data)
                     self._dirty = True
@@ -468,7 +473,7 @@ class SourceLog:
         """Local: close the active segment (fsynced), create and fsync a new one. Under ``_lock``:
         the active segment is fsynced here, not through ``sync()`` (which takes ``_sync_lock`` first)."""
         if self._fd is not None:
-            self._write_unwritten()  # what was appended to this segment goes in before it is closed
+            self.write_unwritten()  # what was appended to this segment goes in before it is closed
             if self.fsync:
                 # always, not only when ``_dirty``: a ``sync()`` on another thread clears ``_dirty``
                 # before its fsync returns, and ``_durable`` moves past this segment below; an fsync
@@ -507,21 +512,30 @@ class SourceLog:
         what was appended before its fsync. The appending thread then goes on with the next group
         while the flusher's thread spends the kernel's copy into the page cache (``os.write`` of
         1 MiB groups of 4 KiB bodies: about a sixth of the ingest thread's busy time, ``py-spy``).
-        What is appended but not yet written is never planned: ``durable_head`` moves only after
-        the fsync of a ``sync()`` that wrote it."""
+        The appending thread may write the older appends itself (``write_unwritten``) while a
+        ``sync()`` waits on the disk. What is appended but not yet written is never planned:
+        ``durable_head`` moves only after the fsync of a ``sync()`` that began after it was appended."""
         with self._lock:
             self._write_behind = self.local and self.fsync
 
-    def _write_unwritten(self) -> None:
-        """Write the appended, unwritten messages in order (each to the segment it was appended to).
-        A failed write is final: what follows it in the segment could not be read back in order, so
-        every later call raises the same error and nothing more becomes durable (the ingest fails
-        with it; a restart recovers the segment up to its last whole message)."""
+    @property
+    def unwritten_bytes(self) -> int:
+        """Write-behind: bytes appended but not yet written (held in memory, lost with the process)."""
+        return self._queued_bytes - self._written_bytes
+
+    def write_unwritten(self, keep_bytes: int = 0) -> None:
+        """Write the oldest appended, unwritten messages in order (each to the segment it was
+        appended to) until at most ``keep_bytes`` of them wait. The appending thread calls it while
+        ``sync()`` waits on the disk, so that a slow fsync delays durability, not the write (what
+        is written survives a crash of this process). A failed write is final: what follows it in
+        the segment could not be read back in order, so every later call raises the same error and
+        nothing more becomes durable (the ingest fails with it; a restart recovers the segment up to
+        its last whole message)."""
         with self._write_lock:
             if self._write_failed is not None:
                 raise self._write_failed
             queue = self._unwritten
-            while queue:
+            while queue and self._queued_bytes - self._written_bytes > keep_bytes:
                 fd, data = queue[0]
                 try:
                     _write_all(fd, data)
@@ -530,6 +544,7 @@ class SourceLog:
                     queue.clear()
                     raise
                 queue.popleft()
+                self._written_bytes += len(data)
                 self._dirty = True
 
     def sync(self) -> None:
@@ -540,7 +555,7 @@ class SourceLog:
                 head = self.head
             # write-behind: everything appended up to ``head`` is written (here, or by a rotation,
             # which fsyncs and closes its segment and moves ``_durable`` past it itself)
-            self._write_unwritten()
+            self.write_unwritten()
             with self._lock:
                 fd = os.dup(self._fd) if (self._dirty and self._fd is not None and self.fsync) else None
                 self._dirty = False

@@ -67,15 +67,16 @@ _REFUSAL_GRACE = 10.0  # seconds a first connection must stay refused before the
 _REFUSALS = 3  # ... over at least this many attempts
 _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
 _UNWATCHED_SLACK = 0.05  # seconds between or past polls that still count as watching for silence
-# Appended groups that may wait for the flusher (their write and fsync) while the ingest gathers the
-# next: about _UNSYNCED_BYTES of groups of ``fsyncBytes``, never fewer than _UNSYNCED_GROUPS. The
-# fsync of a 1 MiB group takes 2-3 ms at the median on this machine's disk but 7-14 ms at p90-p99 and
-# up to 50 ms, while the ingest gathers 1 MiB of 4 KiB mails in about 3 ms. At 4 groups (the bound
-# until 2026-11-27) the ingest thread waited for the disk about 800 times per 1,000,000 x 4 KiB
-# Malamute drain, 2.7-3.6 s in all, while the broker's deliveries queued; at 32 groups 24-30 times
-# (0.3-0.5 s), at 64 a handful (0.02 s). The query's time gained less and not in every run (the
-# machine's 2 cores are the other bound): see docs/sources.md. Each waiting group holds its
-# serialized bytes until the flusher writes them (write-behind): this is also what the bound costs.
+# Appended groups that may wait for the flusher's fsync while the ingest gathers the next: about
+# _UNSYNCED_BYTES of groups of ``fsyncBytes``, never fewer than _UNSYNCED_GROUPS. The fsync of a 1 MiB
+# group takes 2-3 ms at the median on this machine's disk but 7-14 ms at p90-p99 and up to 50 ms,
+# while the ingest gathers 1 MiB of 4 KiB mails in about 3 ms. At 4 groups (the bound until
+# 2026-11-27) the ingest thread waited for the disk about 800 times per 1,000,000 x 4 KiB Malamute
+# drain, 2.7-3.6 s in all, while the broker's deliveries queued; at 32 groups 24-30 times (0.3-0.5 s),
+# at 64 a handful (0.02 s). The query's time gained less and not in every run (the machine's 2 cores
+# are the other bound): see docs/sources.md. Of the waiting groups, at most _UNSYNCED_GROUPS are
+# also unwritten (held in memory, lost with the process): the flusher writes what waits before each
+# fsync, and while one fsync is slow the ingest thread writes the older groups itself.
 _UNSYNCED_GROUPS = 4
 _UNSYNCED_BYTES = 64 << 20
 
@@ -231,6 +232,7 @@ class Ingest:
         # the CPU caches is copied from cache (join, IPC serialization, write); large fresh buffers page-fault.
         self._group_count = self._group_limit
         self._unsynced_groups = max(_UNSYNCED_GROUPS, _UNSYNCED_BYTES // opts.fsyncBytes)
+        self._unwritten_keep = _UNSYNCED_GROUPS * opts.fsyncBytes  # bytes the flusher alone may leave unwritten
         self._row_bytes = S.row_bytes_function(fmt)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
@@ -253,6 +255,8 @@ class Ingest:
         self.redeliveries = 0
         self.duplicates = 0
         self.reconnects = 0
+        self.log_waits = 0          # times the ingest stopped taking deliveries to wait for the log's fsync
+        self.log_wait_seconds = 0.0
         self.paused = False
         self.connected = False
         self.queue_depth: Optional[int] = None
@@ -455,11 +459,11 @@ class Ingest:
             self.paused = False
             consumer.resume()
             self.last_message = time.monotonic()  # a pause is not the broker's silence
-        # Groups waiting for the flusher (their write and fsync) while the next is gathered: enough
-        # that the ingest does not stop whenever one fsync takes longer than a few groups take to
-        # gather (see _UNSYNCED_BYTES); nothing waits on their durability but Spark's planning (the
-        # flusher serves no acks), and each holds about fsyncBytes until written.
-        self._settle(keep=self._unsynced_groups)
+        # Groups waiting for the flusher's fsync while the next is gathered: enough that the ingest
+        # does not stop whenever one fsync takes longer than a few groups take to gather (see
+        # _UNSYNCED_BYTES); nothing waits on their durability but Spark's planning (the flusher
+        # serves no acks). A wait here is counted: the broker's deliveries queue meanwhile.
+        self._settle(keep=self._unsynced_groups, counted=True)
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
         poll_batch = getattr(consumer, "poll_batch", None)
         if poll_batch is not None:  # the consumer builds the group's batch itself (Malamute: no acks)
@@ -563,6 +567,15 @@ class Ingest:
         self._unsynced.append((new_head, self._generation, msgs))
         if self._flusher is not None:
             self._flusher.request(new_head)
+            # The flusher writes what waits before each fsync; while one fsync is slow, this thread
+            # writes the older groups itself, so that no more than _UNSYNCED_GROUPS groups' bytes
+            # are only in memory (a crash of the process loses those; written ones are in the page
+            # cache, lost only with the machine).
+            if self.log.unwritten_bytes > self._unwritten_keep:
+                try:
+                    self.log.write_unwritten(self._unwritten_keep)
+                except OSError as exc:
+                    raise self._write_error(exc) from exc
         else:
             self._settle(keep=0)
 
@@ -571,18 +584,25 @@ class Ingest:
         # just remembered would drop them as duplicates of what never reached the log
         return LogWriteError(f"{self.fmt} source: writing the source log at {self.opts.logLocation} failed: {exc}")
 
-    def _settle(self, keep: int) -> None:
+    def _settle(self, keep: int, counted: bool = False) -> None:
         """Wait until at most ``keep`` appended groups are not yet durable, then acknowledge (durable
         mode) every group that is, oldest first. Once none is left, what every poll took is durable
-        in the log: ``first_poll_done`` (a ``once`` batch sees it) and Spark is told."""
+        in the log: ``first_poll_done`` (a ``once`` batch sees it) and Spark is told. ``counted``: a
+        wait (one the flusher had not yet made unnecessary) adds to ``logWaits``/``logWaitSeconds``."""
         unsynced = self._unsynced
         if not unsynced:
             return
         flusher = self._flusher
         if flusher is not None and len(unsynced) > keep:
-            if not flusher.wait(unsynced[-1 - keep][0], self._stop, self._keepalive) and not self._stop.is_set():
+            target = unsynced[-1 - keep][0]
+            waits = counted and self.log.durable_head < target
+            started = time.monotonic() if waits else 0.0
+            if not flusher.wait(target, self._stop, self._keepalive) and not self._stop.is_set():
                 error = flusher.error or OSError("the log's fsync thread ended")
                 raise self._write_error(error) from flusher.error
+            if waits:
+                self.log_waits += 1
+                self.log_wait_seconds += time.monotonic() - started
         durable = self.log.durable_head
         consumer, gen = self._consumer, self._generation
         acked = False
@@ -785,6 +805,8 @@ class Ingest:
             "redeliveries": self.redeliveries,
             "duplicatesDropped": self.duplicates,
             "reconnects": self.reconnects,
+            "logWaits": self.log_waits,
+            "logWaitSeconds": round(self.log_wait_seconds, 3),
             "paused": self.paused,
             "connected": self.connected,
             "availableNowTarget": self.target,

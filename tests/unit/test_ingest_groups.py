@@ -485,6 +485,7 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
         assert not step.is_alive(), f"step {i} waited for the disk with {len(ing._unsynced)} groups unsynced"
         assert entered.wait(10)
     assert len(ing._unsynced) == waiting + 1 and ing.log.head == waiting + 2 and ing.log.durable_head == 1
+    assert ing.log_waits == 0
     ing._consumer.bodies = [b"last"]
     step = threading.Thread(target=ing._step)       # one group more than may wait: this step waits
     step.start()
@@ -493,9 +494,53 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     release.set()
     step.join(10)
     assert not step.is_alive() and ing.log.head == waiting + 3
+    assert ing.log_waits == 1 and ing.log_wait_seconds >= 0.25   # the wait shows in the figures
+    ing._consumer = None
+    figures = ing.figures()
+    assert figures["logWaits"] == 1 and figures["logWaitSeconds"] >= 0.25, figures
     ing._settle(keep=0)
     assert ing.log.durable_head == waiting + 3
     bodies = [x for b in ing.log.read(0, waiting + 3) for x in b.column("body").to_pylist()]
     assert bodies == [b"first"] + [b"g%d" % i for i in range(waiting + 1)] + [b"last"]
+    ing._flusher.close()
+    ing.stop()
+
+
+def test_while_an_fsync_is_slow_the_ingest_writes_all_but_4_groups_itself(tmp_path, monkeypatch):
+    """Groups may wait long for their fsync (``_UNSYNCED_BYTES``), but not unwritten: while the
+    flusher is held before its write and fsync, the ingest thread writes the older groups itself, so
+    that at most 4 groups' bytes are only in this process's memory; the segment file holds the rest.
+    Nothing written that way is offered to Spark before the fsync returns."""
+    import os
+    import threading
+
+    from spark_mq.sources.ingest import _Flusher
+
+    ing = _ingest(tmp_path, fsyncBytes="16k")       # 4,096 groups may wait for the fsync, 4 unwritten
+    assert ing._unsynced_groups == 4096 and ing._unwritten_keep == 4 * 16384
+    ing._consumer = _FakeConsumer([b"first"])
+    ing._step()
+    entered, release = _slow_sync(ing, monkeypatch)
+    ing.log.defer_writes()
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    segment = ing.log._segments[-1].path
+    bodies = [bytes([65 + i]) * 20_000 for i in range(12)]  # a group each, larger than fsyncBytes
+    for i, body in enumerate(bodies):
+        ing._consumer.bodies = [body]
+        step = threading.Thread(target=ing._step)
+        step.start()
+        step.join(10)
+        assert not step.is_alive(), f"step {i} waited"
+        assert entered.wait(10)
+        unwritten = ing.log.unwritten_bytes
+        assert unwritten <= 4 * 16384, f"step {i}: {unwritten} bytes unwritten"
+        # what is not in memory is in the file (the segment's size counts both)
+        assert os.path.getsize(segment) == ing.log._segments[-1].size - unwritten
+    assert ing.log.unwritten_bytes > 3 * 20_000     # the newest groups still wait for the flusher
+    assert ing.log.durable_head == 1 and ing.log_waits == 0
+    release.set()
+    ing._settle(keep=0)
+    assert ing.log.durable_head == 13 and ing.log.unwritten_bytes == 0
+    assert [x for b in ing.log.read(0, 13) for x in b.column("body").to_pylist()] == [b"first"] + bodies
     ing._flusher.close()
     ing.stop()
