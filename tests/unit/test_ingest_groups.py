@@ -506,11 +506,18 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     ing.stop()
 
 
-def test_while_an_fsync_is_slow_the_ingest_writes_all_but_4_groups_itself(tmp_path, monkeypatch):
-    """Groups may wait long for their fsync (``_UNSYNCED_BYTES``), but not unwritten: while the
-    flusher is held before its write and fsync, the ingest thread writes the older groups itself, so
-    that at most 4 groups' bytes are only in this process's memory; the segment file holds the rest.
-    Nothing written that way is offered to Spark before the fsync returns."""
+def _unwritten_drains(log_, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while log_.unwritten_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not log_.unwritten_bytes
+
+
+def test_while_an_fsync_is_slow_every_group_is_written_at_once(tmp_path, monkeypatch):
+    """Groups may wait long for their fsync (``_UNSYNCED_BYTES``), but not for their write: while
+    the flusher's fsync thread is held, its writer thread puts every appended group into the segment
+    file (a crash of the process would not lose it), and none of them is offered to Spark before
+    the fsync returns."""
     import os
     import threading
 
@@ -532,15 +539,59 @@ def test_while_an_fsync_is_slow_the_ingest_writes_all_but_4_groups_itself(tmp_pa
         step.join(10)
         assert not step.is_alive(), f"step {i} waited"
         assert entered.wait(10)
-        unwritten = ing.log.unwritten_bytes
-        assert unwritten <= 4 * 16384, f"step {i}: {unwritten} bytes unwritten"
-        # what is not in memory is in the file (the segment's size counts both)
-        assert os.path.getsize(segment) == ing.log._segments[-1].size - unwritten
-    assert ing.log.unwritten_bytes > 3 * 20_000     # the newest groups still wait for the flusher
-    assert ing.log.durable_head == 1 and ing.log_waits == 0
+        assert _unwritten_drains(ing.log), f"step {i}: {ing.log.unwritten_bytes} bytes never written"
+        assert os.path.getsize(segment) == ing.log._segments[-1].size   # in the file, not in memory
+    assert ing.log.durable_head == 1 and ing.log_waits == 0 and len(ing._unsynced) == 12
     release.set()
     ing._settle(keep=0)
     assert ing.log.durable_head == 13 and ing.log.unwritten_bytes == 0
     assert [x for b in ing.log.read(0, 13) for x in b.column("body").to_pylist()] == [b"first"] + bodies
     ing._flusher.close()
+    ing.stop()
+
+
+def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monkeypatch):
+    """Should the writer fall behind (a write stuck in the kernel), the ingest stops appending once
+    more than 4 groups of ``fsyncBytes`` would be only in memory, and goes on when the writes do."""
+    import threading
+
+    import spark_mq.sourcelog as sourcelog_mod
+    from spark_mq.sources.ingest import _Flusher
+
+    ing = _ingest(tmp_path, fsyncBytes="16k")
+    ing._consumer = _FakeConsumer([b"first"])
+    ing._step()
+    _, release = _slow_sync(ing, monkeypatch)       # the fsync is held too: only the writes matter
+    real_write, stuck, unstick = sourcelog_mod._write_all, threading.Event(), threading.Event()
+
+    def stuck_write(fd, data):
+        stuck.set()
+        assert unstick.wait(10)
+        real_write(fd, data)
+
+    monkeypatch.setattr(sourcelog_mod, "_write_all", stuck_write)
+    ing.log.defer_writes()
+    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    bodies = [bytes([65 + i]) * 20_000 for i in range(5)]
+    for i, body in enumerate(bodies[:3]):           # 3 groups in memory: under 4 x 16 KiB
+        ing._consumer.bodies = [body]
+        ing._step()
+        assert stuck.wait(10)
+    assert ing.log.unwritten_bytes > 3 * 20_000
+    ing._consumer.bodies = [bodies[3]]              # a 4th: 80 KB would be only in memory
+    step = threading.Thread(target=ing._step)
+    step.start()
+    step.join(0.3)
+    assert step.is_alive() and ing.log.head == 5    # appended, then waiting for the writer
+    unstick.set()
+    step.join(10)
+    assert not step.is_alive() and ing.log.unwritten_bytes <= 4 * 16384
+    ing._consumer.bodies = [bodies[4]]
+    ing._step()
+    assert _unwritten_drains(ing.log)
+    release.set()
+    ing._settle(keep=0)
+    assert ing.log.durable_head == 6
+    ing._flusher.close()
+    assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"first"] + bodies
     ing.stop()
