@@ -512,9 +512,10 @@ class SourceLog:
         what was appended before its fsync. The appending thread then goes on with the next group
         while the flusher's thread spends the kernel's copy into the page cache (``os.write`` of
         1 MiB groups of 4 KiB bodies: about a sixth of the ingest thread's busy time, ``py-spy``).
-        The appending thread may write the older appends itself (``write_unwritten``) while a
-        ``sync()`` waits on the disk. What is appended but not yet written is never planned:
-        ``durable_head`` moves only after the fsync of a ``sync()`` that began after it was appended."""
+        Another thread (the ingest flusher's writer) may write them as they come
+        (``write_unwritten``) while a ``sync()`` waits on the disk. What is appended but not yet
+        written is never planned: ``durable_head`` moves only after the fsync of a ``sync()`` that
+        began after it was appended."""
         with self._lock:
             self._write_behind = self.local and self.fsync
 
@@ -525,7 +526,7 @@ class SourceLog:
 
     def write_unwritten(self, keep_bytes: int = 0) -> None:
         """Write the oldest appended, unwritten messages in order (each to the segment it was
-        appended to) until at most ``keep_bytes`` of them wait. The appending thread calls it while
+        appended to) until at most ``keep_bytes`` of them wait. A writer thread calls it while
         ``sync()`` waits on the disk, so that a slow fsync delays durability, not the write (what
         is written survives a crash of this process). A failed write is final: what follows it in
         the segment could not be read back in order, so every later call raises the same error and

@@ -260,7 +260,8 @@ class Ingest:
         # the CPU caches is copied from cache (join, IPC serialization, write); large fresh buffers page-fault.
         self._group_count = self._group_limit
         self._unsynced_groups = max(_UNSYNCED_GROUPS, _UNSYNCED_BYTES // opts.fsyncBytes)
-        self._unwritten_keep = _UNSYNCED_GROUPS * opts.fsyncBytes  # bytes the flusher alone may leave unwritten
+        # unwritten bytes past which the ingest waits for the flusher's writer thread
+        self._unwritten_keep = _UNSYNCED_GROUPS * opts.fsyncBytes
         self._row_bytes = S.row_bytes_function(fmt)
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
