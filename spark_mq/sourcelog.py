@@ -221,6 +221,10 @@ class SourceLog:
         # one lock, so their difference is what waits unwritten (``unwritten_bytes``)
         self._queued_bytes = 0
         self._written_bytes = 0
+        # ``_written_bytes`` when a ``sync()`` last decided on its fsync: queued writes happen on
+        # other threads too (the ingest flusher's writer), outside ``_lock``, so they are not told
+        # by ``_dirty`` (a flag set between a sync's read and its reset would be lost) but by this
+        self._decided_written = 0
         self._write_failed: Optional[OSError] = None
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
@@ -545,8 +549,7 @@ class SourceLog:
                     queue.clear()
                     raise
                 queue.popleft()
-                self._written_bytes += len(data)
-                self._dirty = True
+                self._written_bytes += len(data)  # after the write: a sync() that sees it fsyncs it
 
     def sync(self) -> None:
         """Make every append so far durable (one fsync for the group). Appends may go on meanwhile
@@ -558,8 +561,11 @@ class SourceLog:
             # which fsyncs and closes its segment and moves ``_durable`` past it itself)
             self.write_unwritten()
             with self._lock:
-                fd = os.dup(self._fd) if (self._dirty and self._fd is not None and self.fsync) else None
+                written = self._written_bytes
+                dirty = self._dirty or written != self._decided_written
+                fd = os.dup(self._fd) if (dirty and self._fd is not None and self.fsync) else None
                 self._dirty = False
+                self._decided_written = written
             if fd is not None:
                 try:
                     os.fsync(fd)  # a duplicate: a rotation may close the active segment's descriptor meanwhile

@@ -581,8 +581,12 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     ing._consumer.bodies = [bodies[3]]              # a 4th: 80 KB would be only in memory
     step = threading.Thread(target=ing._step)
     step.start()
-    step.join(0.3)
-    assert step.is_alive() and ing.log.head == 5    # appended, then waiting for the writer
+    deadline = time.monotonic() + 10
+    while ing.log.head < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ing.log.head == 5                        # appended ...
+    step.join(0.5)
+    assert step.is_alive()                          # ... and then waiting for the writer
     unstick.set()
     step.join(10)
     assert not step.is_alive() and ing.log.unwritten_bytes <= 4 * 16384
