@@ -597,9 +597,10 @@ class Ingest:
         if self._flusher is not None:
             self._flusher.request(new_head)
             # The flusher's writer thread writes each group as it comes; should it fall behind, this
-            # thread waits for the writes, so that no more than _UNSYNCED_GROUPS groups' bytes are
-            # only in memory (a crash of the process loses those; written ones are in the page
-            # cache, lost only with the machine).
+            # thread writes the oldest groups itself (after the writer's current write, if one is
+            # under way), so that no more than _UNSYNCED_GROUPS groups' bytes are only in memory (a
+            # crash of the process loses those; written ones are in the page cache, lost only with
+            # the machine).
             if self.log.unwritten_bytes > self._unwritten_keep:
                 try:
                     self.log.write_unwritten(self._unwritten_keep)
