@@ -24,8 +24,11 @@ the connection is unusable after one (the driver drops it and connects again, as
 from __future__ import annotations
 
 from enum import Enum
+from itertools import repeat
 from struct import Struct
 from typing import Optional, Sequence
+
+import numpy as np
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
 
@@ -109,6 +112,37 @@ def _parse_properties(data: bytes) -> dict:
     return props
 
 
+_RUN_MIN = 8    # a run shorter than this is not worth numpy's call overhead: ...
+_RUN_SKIP = 64  # ... so the loop takes this many messages alone before it tries again, and twice
+_RUN_SKIP_MAX = 1024  # as many after each failure in a row, up to this (a run waits for at most so many)
+_RUN_PROBE = 16  # messages a run is first checked over, before all the rest
+
+
+def _take_run(buf: bytearray, first: int, head: int, stride: int, most: int, out: memoryview, at: int) -> int:
+    """How many of the ``most`` messages laid end to end after the one at ``buf[first:first + stride]``
+    start with the same ``head`` bytes (framing, first frame, second frame's size: the same shape,
+    so each is ``stride`` bytes long too), in a row; their second frames (the ``stride - head``
+    bytes after each one's ``head``) are copied into ``out`` from ``at``, end to end. ``most``
+    messages must lie whole in ``buf`` and their second frames fit in ``out``."""
+    size = stride - head
+    rows = np.frombuffer(buf, np.uint8, (most + 1) * stride, first).reshape(most + 1, stride)
+    model = rows[0, :head]
+    run = 0
+    probe = min(most, _RUN_PROBE)
+    while run < most:
+        same = (rows[run + 1:run + 1 + probe, :head] == model).all(axis=1)
+        if same.all():
+            run += probe
+        else:
+            run += int(same.argmin())
+            break
+        probe = most - run
+    if run and size:
+        target = np.frombuffer(out, np.uint8, run * size, at).reshape(run, size)
+        target[...] = rows[1:run + 1, head:]
+    return run
+
+
 class BodyBuffer:
     """Where ``ZmtpConnection.columns`` copies the second frames of two-frame messages: ``data[:fill]``.
 
@@ -173,6 +207,8 @@ class ZmtpConnection:
         self._need = 0     # bytes from _pos the next frame needs whole (0: unknown)
         self._frames: list = []  # frames of a message whose last frame has not arrived yet
         self._header = b""  # the first frame of the last message ``columns`` took
+        self._skip = 0  # messages ``columns`` takes one by one before it tries for a run again
+        self._backoff = _RUN_SKIP // 2  # half of what it sets ``_skip`` to after the next short run
         self._out = bytearray(_greeting())
         self._out += encode_command(b"READY", encode_properties({b"Socket-Type": socket_type, b"Identity": identity}))
 
@@ -310,6 +346,7 @@ class ZmtpConnection:
         max_frame = self.max_frame
         add_head, add_end = heads.append, ends.append
         header = self._header
+        skip, backoff = self._skip, self._backoff  # messages to take before trying for a run again
         try:
             while count < max_count:
                 if fill - pos < 2:
@@ -345,11 +382,32 @@ class ZmtpConnection:
                 bfill += size
                 add_head(header)
                 add_end(bfill)
-                pos = stop
                 count += 1
+                first, pos = pos, stop
+                if skip:
+                    skip -= 1
+                    continue
+                stride = stop - first
+                most = min(max_count - count, (fill - stop) // stride)
+                if most < _RUN_MIN:
+                    continue  # too few after it to be worth a try (the end of a read)
+                # the messages after this one while they repeat its framing and header byte for byte
+                # (a mailbox drain is mostly such a run): checked and copied by numpy, not one by one
+                run = _take_run(buf, first, start - first, stride, most, bdata, bfill)
+                if run < _RUN_MIN:  # the next messages differ: the loop alone for a while, longer each time
+                    backoff = skip = min(backoff * 2, _RUN_SKIP_MAX)
+                else:
+                    backoff = _RUN_SKIP // 2
+                if run:
+                    heads.extend(repeat(header, run))
+                    ends.extend(range(bfill + size, bfill + run * size + 1, size) if size else repeat(bfill, run))
+                    bfill += run * size
+                    pos += run * stride
+                    count += run
         finally:
             bdata.release()
             body.fill = bfill
+            self._skip, self._backoff = skip, backoff
             self._need = need
             self._took(pos)
         if shaped or not self.messages(other, 1):

@@ -14,6 +14,7 @@ from array import array
 import pytest
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
+from spark_mq.protocol import zmtp
 from spark_mq.protocol.zmtp import (
     DEFAULT_BUFFER,
     GREETING_SIZE,
@@ -632,3 +633,118 @@ def test_fuzz_mutated_two_frame_streams_by_columns():
         plain, _, error, _ = outcome(data, None)
         assert columns_outcome(data, None)[:2] == (plain, error), seed
         assert columns_outcome(data, random_sizes(seed, 16))[:2] == (plain, error), seed
+
+
+# -- runs: messages of one shape checked and copied together (numpy) ---------------------------------
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The messages ``columns`` took as runs (after the message each run repeats), one count per run."""
+    taken: list = []
+    real = zmtp._take_run
+
+    def counted(*args):
+        got = real(*args)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(zmtp, "_take_run", counted)
+    return taken
+
+
+def run_stream(n: int = 400) -> list:
+    """Runs of repeated messages broken by every kind of difference: another body size, another
+    header of the same length, a byte changed inside the header, a long second frame, an empty
+    one, three frames, a one-frame message."""
+    same = [b"mailbox-deliver", b"body-0004"]
+    msgs = [same] * n
+    msgs += [[b"mailbox-deliver", b"body-05"]] + [same] * 50
+    msgs += [[b"mailbox-delivez", b"body-0004"]] + [same] * 50          # last header byte differs
+    msgs += [[b"Mailbox-deliver", b"body-0004"]] + [same] * 50          # first header byte differs
+    msgs += [[b"mailbox-deliver", b"L" * 300]] * 40 + [same] * 20      # long frames (8-byte size)
+    msgs += [[b"mailbox-deliver", b"M" * 300]] + [[b"mailbox-deliver", b"L" * 301]] * 30
+    msgs += [[b"mailbox-deliver", b""]] * 30 + [[b"x", b"y", b"z"]] + [same] * 30 + [[b"solo"]] + [same] * 30
+    return msgs
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+def test_runs_of_one_shape_come_out_as_the_plain_parse_however_broken(chunking, runs):
+    """Runs of messages with the same framing and header, broken in every way a message can differ
+    from the one before, cut at any read boundary: the same messages as the plain parse, each
+    two-frame one by columns; and (read whole) most of them went by runs."""
+    msgs = run_stream()
+    got, error, how = columns_outcome(peer(*msgs), CHUNKINGS[chunking](), max_frame=1 << 20)
+    assert error is None and got == msgs
+    assert how == ["col" if len(m) == 2 else "other" for m in msgs]
+    if chunking == "whole":
+        assert sum(runs) > len(msgs) // 2  # after a break, the loop takes up to 64 before the next try
+
+
+def test_a_run_that_differs_only_in_a_body_byte_is_still_a_run(runs):
+    """Only framing and the first frame make a run: bodies of the same size may hold anything, and
+    each comes out as sent."""
+    msgs = [[b"h", bytes([i % 256]) * 4096] for i in range(500)]
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    heads: list = []
+    ends = array("q")
+    body = BodyBuffer()
+    while conn.columns(heads, ends, body, ALL) is None and len(heads) < len(msgs):
+        feed(conn, b"")
+    assert len(heads) == 500 and all(h is heads[0] for h in heads)
+    assert list(ends) == [4096 * (i + 1) for i in range(500)]
+    assert bytes(body) == b"".join(m[1] for m in msgs)
+    assert max(runs) >= 200  # whole reads of 1 MiB: each is one run after its first message
+
+
+def test_a_run_of_empty_second_frames(runs):
+    """Second frames of no bytes make a run too: every end is the same."""
+    msgs = [[b"h", b""]] * 100 + [[b"h", b"x"]]
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    heads: list = []
+    ends = array("q")
+    body = BodyBuffer()
+    assert conn.columns(heads, ends, body, ALL) is None
+    assert len(heads) == 101 and list(ends) == [0] * 100 + [1] and bytes(body) == b"x"
+    assert runs[0] == 99
+
+
+def test_max_count_cuts_a_run_and_the_next_call_goes_on(runs):
+    """``max_count`` inside a run: exactly that many, then the rest, in order."""
+    msgs = [[b"h", b"m%03d" % i] for i in range(100)]
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    heads: list = []
+    ends = array("q")
+    body = BodyBuffer()
+    assert conn.columns(heads, ends, body, 37) is None and len(heads) == 37 and body.fill == 37 * 4
+    assert conn.columns(heads, ends, body, ALL) is None and len(heads) == 100
+    assert list(ends) == [4 * (i + 1) for i in range(100)] and bytes(body) == b"".join(m[1] for m in msgs)
+    assert 36 in runs
+
+
+def test_runs_resume_after_messages_that_all_differ(runs):
+    """Thousands of messages that each differ from the one before (the loop takes them, trying for
+    a run less and less often: 64, 128, ... up to 1,024 messages apart), then a run: it goes by
+    runs again after 1,024 messages at most."""
+    msgs = [[b"h%d" % (i % 2), b"body"] for i in range(5000)] + [[b"h", b"body"]] * 3000
+    conn = ZmtpConnection()
+    taken = feed(conn, peer(*msgs), None, [], lambda out: take_columns(conn, out))
+    assert [m for m, _ in taken] == msgs
+    short = [r for r in runs if r < 8]
+    assert len(short) < 20  # not at each message
+    assert sum(r for r in runs if r >= 8) >= 3000 - 1024 - 1
+
+
+def test_fuzz_mutated_runs_by_columns():
+    """Mutations inside a run of one shape: the same messages and error as the plain parse, read
+    whole or in random chunks."""
+    valid = peer(*[[b"mailbox", b"v" * 40]] * 60, [b"a", b"b", b"c"], *[[b"mailbox", b"w" * 300]] * 20)
+    assert columns_outcome(valid, None)[:2] == (outcome(valid, None)[0], None)
+    for seed in range(500):
+        data = mutated(valid, seed)
+        plain, _, error, _ = outcome(data, None)
+        assert columns_outcome(data, None)[:2] == (plain, error), seed
+        assert columns_outcome(data, random_sizes(seed, 300))[:2] == (plain, error), seed
