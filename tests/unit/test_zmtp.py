@@ -496,6 +496,13 @@ def take_columns(conn: ZmtpConnection, out: list, max_count: int = ALL) -> None:
         out.append((other, "other"))
 
 
+def fed(msgs: list) -> tuple:
+    """A connection that has received ``msgs`` (nothing taken yet), and empty columns to take them into."""
+    conn = ZmtpConnection()
+    feed(conn, peer(*msgs))
+    return conn, [], array("q"), BodyBuffer()
+
+
 def columns_outcome(data: bytes, sizes, max_frame: int = 1 << 16) -> tuple:
     """Messages and the error as ``outcome``'s (``max_frame`` as there), taken by ``take_columns``
     after each chunk; and how each came."""
@@ -542,11 +549,7 @@ def test_a_repeated_first_frame_is_handed_out_as_the_same_object():
     gets its own."""
     msgs = [[b"header-a", b"x" * 300], [b"header-a", b"y"], [b"header-b", b"z" * 5],
             [b"header-a", b""], [b"header-a", b"w" * 1000]]
-    conn = ZmtpConnection()
-    feed(conn, peer(*msgs))
-    heads: list = []
-    ends = array("q")
-    body = BodyBuffer()
+    conn, heads, ends, body = fed(msgs)
     assert conn.columns(heads, ends, body, ALL) is None
     assert heads == [m[0] for m in msgs] and list(ends) == [300, 301, 306, 306, 1306]
     assert bytes(body) == b"".join(m[1] for m in msgs)
@@ -572,11 +575,7 @@ def test_max_count_stops_the_columns_and_the_rest_follows_in_order():
     """``max_count`` below the messages waiting: columns take that many, the next call the rest,
     in order, into the same buffer after the first ones."""
     msgs = [[b"h", b"m%d" % i] for i in range(10)]
-    conn = ZmtpConnection()
-    feed(conn, peer(*msgs))
-    heads: list = []
-    ends = array("q")
-    body = BodyBuffer()
+    conn, heads, ends, body = fed(msgs)
     assert conn.columns(heads, ends, body, 4) is None and len(heads) == 4 and body.fill == 8
     assert conn.columns(heads, ends, body, ALL) is None and len(heads) == 10
     assert list(ends) == [2 * i + 2 for i in range(10)] and bytes(body) == b"".join(m[1] for m in msgs)
@@ -623,16 +622,25 @@ def test_a_last_frame_over_max_frame_raises_in_a_two_frame_message():
     assert error is not None and "1001" in error
 
 
-def test_fuzz_mutated_two_frame_streams_by_columns():
+FUZZ_STREAMS = {  # name -> (a valid stream, the largest random chunk)
+    # two-frame messages of changing sizes (no runs), then three frames
+    "sizes": (peer(*[[b"hdr", b"v" * (i * 97 % 400)] for i in range(12)], [b"a", b"b", b"c"]), 16),
+    # runs of one shape (taken by numpy), broken by three frames and by another size
+    "runs": (peer(*[[b"mailbox", b"v" * 40]] * 60, [b"a", b"b", b"c"], *[[b"mailbox", b"w" * 300]] * 20), 300),
+}
+
+
+@pytest.mark.parametrize("stream", list(FUZZ_STREAMS))
+def test_fuzz_mutated_two_frame_streams_by_columns(stream):
     """Mutations of a stream of two-frame messages: taken by columns, whole or in random chunks,
     the same messages and error as the plain parse."""
-    valid = peer(*[[b"hdr", b"v" * (i * 97 % 400)] for i in range(12)], [b"a", b"b", b"c"])
+    valid, chunk = FUZZ_STREAMS[stream]
     assert columns_outcome(valid, None)[:2] == (outcome(valid, None)[0], None)
     for seed in range(500):
         data = mutated(valid, seed)
         plain, _, error, _ = outcome(data, None)
         assert columns_outcome(data, None)[:2] == (plain, error), seed
-        assert columns_outcome(data, random_sizes(seed, 16))[:2] == (plain, error), seed
+        assert columns_outcome(data, random_sizes(seed, chunk))[:2] == (plain, error), seed
 
 
 # -- runs: messages of one shape checked and copied together (numpy) ---------------------------------
@@ -685,11 +693,7 @@ def test_a_run_that_differs_only_in_a_body_byte_is_still_a_run(runs):
     """Only framing and the first frame make a run: bodies of the same size may hold anything, and
     each comes out as sent."""
     msgs = [[b"h", bytes([i % 256]) * 4096] for i in range(500)]
-    conn = ZmtpConnection()
-    feed(conn, peer(*msgs))
-    heads: list = []
-    ends = array("q")
-    body = BodyBuffer()
+    conn, heads, ends, body = fed(msgs)
     while conn.columns(heads, ends, body, ALL) is None and len(heads) < len(msgs):
         feed(conn, b"")
     assert len(heads) == 500 and all(h is heads[0] for h in heads)
@@ -701,11 +705,7 @@ def test_a_run_that_differs_only_in_a_body_byte_is_still_a_run(runs):
 def test_a_run_of_empty_second_frames(runs):
     """Second frames of no bytes make a run too: every end is the same."""
     msgs = [[b"h", b""]] * 100 + [[b"h", b"x"]]
-    conn = ZmtpConnection()
-    feed(conn, peer(*msgs))
-    heads: list = []
-    ends = array("q")
-    body = BodyBuffer()
+    conn, heads, ends, body = fed(msgs)
     assert conn.columns(heads, ends, body, ALL) is None
     assert len(heads) == 101 and list(ends) == [0] * 100 + [1] and bytes(body) == b"x"
     assert runs[0] == 99
@@ -714,11 +714,7 @@ def test_a_run_of_empty_second_frames(runs):
 def test_max_count_cuts_a_run_and_the_next_call_goes_on(runs):
     """``max_count`` inside a run: exactly that many, then the rest, in order."""
     msgs = [[b"h", b"m%03d" % i] for i in range(100)]
-    conn = ZmtpConnection()
-    feed(conn, peer(*msgs))
-    heads: list = []
-    ends = array("q")
-    body = BodyBuffer()
+    conn, heads, ends, body = fed(msgs)
     assert conn.columns(heads, ends, body, 37) is None and len(heads) == 37 and body.fill == 37 * 4
     assert conn.columns(heads, ends, body, ALL) is None and len(heads) == 100
     assert list(ends) == [4 * (i + 1) for i in range(100)] and bytes(body) == b"".join(m[1] for m in msgs)
@@ -737,14 +733,3 @@ def test_runs_resume_after_messages_that_all_differ(runs):
     assert len(short) < 20  # not at each message
     assert sum(r for r in runs if r >= 8) >= 3000 - 1024 - 1
 
-
-def test_fuzz_mutated_runs_by_columns():
-    """Mutations inside a run of one shape: the same messages and error as the plain parse, read
-    whole or in random chunks."""
-    valid = peer(*[[b"mailbox", b"v" * 40]] * 60, [b"a", b"b", b"c"], *[[b"mailbox", b"w" * 300]] * 20)
-    assert columns_outcome(valid, None)[:2] == (outcome(valid, None)[0], None)
-    for seed in range(500):
-        data = mutated(valid, seed)
-        plain, _, error, _ = outcome(data, None)
-        assert columns_outcome(data, None)[:2] == (plain, error), seed
-        assert columns_outcome(data, random_sizes(seed, 300))[:2] == (plain, error), seed
