@@ -186,6 +186,55 @@ def _body_sizes(batch: pa.RecordBatch) -> array:
     return sizes
 
 
+class _Deleter:
+    """Deletes files on a thread of its own, oldest first; the thread ends whenever none is left.
+
+    Oldest first, and nothing more after a failure: whatever a crash or an error leaves behind is
+    then the oldest end of the log, which a reopened log takes as committed messages still held,
+    never a gap (``_open`` refuses gaps). The failure is raised by the next ``put`` (the log's next
+    commit), as a synchronous delete would have raised it."""
+
+    def __init__(self, delete) -> None:
+        self._delete = delete
+        self._cond = threading.Condition()
+        self._paths: deque = deque()   # a path stays here until it is deleted: ``wait`` sees it
+        self._thread: Optional[threading.Thread] = None
+        self.error: Optional[OSError] = None
+
+    def put(self, paths: list) -> None:
+        with self._cond:
+            if self.error is not None:
+                raise self.error
+            if not paths:
+                return
+            self._paths.extend(paths)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="spark-mq-log-delete", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._paths:
+                    self._thread = None
+                    self._cond.notify_all()
+                    return
+                path = self._paths[0]
+            try:
+                self._delete(path)
+            except OSError as exc:
+                with self._cond:
+                    self.error = OSError(f"could not delete the committed log segment {path}: {exc}")
+                    self._paths.clear()
+                continue
+            with self._cond:
+                self._paths.popleft()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._thread is None, timeout)
+
+
 class SourceLog:
     """The log of one source (one query). Thread-safe: one appender, any number of other callers."""
 
@@ -226,6 +275,7 @@ class SourceLog:
         # by ``_dirty`` (a flag set between a sync's read and its reset would be lost) but by this
         self._decided_written = 0
         self._write_failed: Optional[OSError] = None
+        self._deleter = _Deleter(self._delete)
         self.recovered_truncations = 0
         self._writer: Optional[WriterLock | WriterLease] = None
         if exclusive_wait is not None:
@@ -581,17 +631,19 @@ class SourceLog:
     # -- committing -----------------------------------------------------------------------------
 
     def commit(self, end: int) -> int:
-        """Delete every segment whose messages all lie below ``end``; returns how many were deleted.
-        When everything is committed, the active segment is replaced by an empty one at the head."""
-        deleted = 0
+        """Take every segment whose messages all lie below ``end`` out of the log; returns how many.
+        When everything is committed, the active segment is replaced by an empty one at the head.
+        Their files are deleted on the log's deleter thread, not here (``wait_deleted``; ``close``
+        waits for them): Spark commits from its planning path (``latestOffset``), and deleting 512
+        MiB of fsynced 64 MiB segments on ext4 blocked for 0.13-0.22 s (measured, 22-30 ms of it
+        CPU), with Spark and the ingest both waiting on it at every micro-batch."""
+        doomed = []
         with self._lock:
             if self._writer is not None:
                 self._writer.check()  # what is below ``end`` is another reader's business now
             head = self.head
             while len(self._segments) > 1 and self._segments[0].end <= end and self._segments[1].first <= end:
-                seg = self._segments.pop(0)
-                self._delete(seg.path)
-                deleted += 1
+                doomed.append(self._segments.pop(0).path)
             if len(self._segments) == 1 and self._segments[0].batches and end >= head:
                 old = self._segments[0]
                 if self.local:
@@ -602,9 +654,15 @@ class SourceLog:
                     self._write_whole(marker.path, self._schema_bytes)
                     self._segments.append(marker)
                 self._segments.remove(old)
-                self._delete(old.path)
-                deleted += 1
-        return deleted
+                doomed.append(old.path)
+        # Every name here belonged to a segment that held messages, and a new segment is named by
+        # its first offset, which is past them all: no file created later can be one of these.
+        self._deleter.put(doomed)
+        return len(doomed)
+
+    def wait_deleted(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the files of every segment committed so far are deleted (False: timed out)."""
+        return self._deleter.wait(timeout)
 
     def fast_forward(self, offset: int) -> None:
         """An empty log (wiped, or a new location for an old checkpoint) continues at ``offset``."""
@@ -659,6 +717,7 @@ class SourceLog:
         try:
             self.sync()
         finally:
+            self._deleter.wait()  # a log opened after this one sees no committed segment
             with self._lock:
                 try:
                     if self._fd is not None:

@@ -43,6 +43,24 @@ def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp
     assert max(sizes) <= 20_000, sizes
 
 
+def test_available_now_reads_the_backlog_while_its_quiet_period_runs(spark, malamute_broker, tmp_path):
+    """Malamute tells no queue depth: availableNow ends its drain after ``quietPeriod`` of silence.
+    Spark reads what came meanwhile (planned after 0.1 s without deliveries), not after it."""
+    with MalamuteClient(malamute_broker.endpoint, "producer-quiet", timeout=5) as producer:
+        for i in range(3000):
+            producer.sendto("spark-quiet", "s", [f"q{i}".encode()])
+        producer.ping()
+    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "spark-quiet")
+          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "6").load())
+    q = run(spark, df, "mlm_quiet", tmp_path / "ckpt", availableNow=True)
+    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
+    assert q.exception() is None, q.exception()
+    assert sorted(r.body for r in spark.sql("select body from mlm_quiet").collect()) == \
+        sorted(f"q{i}".encode() for i in range(3000))
+    planned = [(p["numInputRows"], p["durationMs"]["latestOffset"]) for p in q.recentProgress if p["numInputRows"]]
+    assert planned and all(ms < 3000 for _, ms in planned), planned  # none waited the 6 s out
+
+
 def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
     df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("stream", "weather")
           .option("pattern", "^temp").option("logLocation", str(tmp_path / "log")).load())

@@ -4,6 +4,7 @@ byte-identical replay, byte limits, and the same behaviour on a non-appending ("
 from __future__ import annotations
 
 import os
+import threading
 
 import pyarrow as pa
 import pytest
@@ -88,6 +89,7 @@ def test_commit_deletes_segments_wholly_below_end_and_keeps_the_head(make_log, t
     assert offsets(log.read(15, 30)) == list(range(15, 30))
     log.commit(30)  # everything: only an empty marker at the head remains
     assert log.head == 30 and log.tail == 30
+    assert log.wait_deleted(10)
     files = os.listdir(tmp_path / "log")
     assert files == ["seg-00000000000000000030.arrow"]
     log.close()
@@ -294,12 +296,75 @@ def test_fast_forward_only_when_empty(make_log):
         log.fast_forward(500)
 
 
+def segment_files(where) -> list[str]:
+    return sorted(f for f in os.listdir(where) if f.startswith("seg-"))
+
+
+def test_commit_returns_before_the_files_are_deleted_and_close_waits_for_them(make_log, tmp_path):
+    log = make_log(segment_bytes=1)  # one segment per append
+    for first in range(0, 12, 3):
+        log.append(rows(first, 3))
+    log.sync()
+    release = threading.Event()
+    deleting = []
+    real = log._delete
+
+    def slow_delete(path):
+        deleting.append(os.path.basename(path))
+        assert release.wait(10)
+        real(path)
+
+    log._deleter._delete = slow_delete
+    assert log.commit(6) == 2  # returns with the first unlink still blocked
+    assert log.tail == 6 and offsets(log.read(6, 12)) == list(range(6, 12))
+    assert log.wait_deleted(0.2) is False
+    assert len(segment_files(tmp_path / "log")) == 4
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # close waits for the deletes
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    assert deleting == ["seg-00000000000000000000.arrow", "seg-00000000000000000003.arrow"]
+    assert segment_files(tmp_path / "log") == ["seg-00000000000000000006.arrow", "seg-00000000000000000009.arrow"]
+    assert (make_log().tail, make_log().head) == (6, 12)
+
+
+def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, tmp_path):
+    log = make_log(segment_bytes=1)
+    for first in range(0, 15, 3):
+        log.append(rows(first, 3))
+    log.sync()
+    real = log._delete
+
+    def delete(path):
+        if path.endswith("seg-00000000000000000003.arrow"):
+            raise PermissionError(13, "Permission denied")
+        real(path)
+
+    log._deleter._delete = delete
+    assert log.commit(9) == 3
+    assert log.wait_deleted(10)
+    # the oldest went; the failed one and every one after it stay, so the log has no gap
+    assert segment_files(tmp_path / "log")[:3] == ["seg-00000000000000000003.arrow",
+                                                   "seg-00000000000000000006.arrow",
+                                                   "seg-00000000000000000009.arrow"]
+    with pytest.raises(OSError, match="seg-00000000000000000003.arrow.*Permission denied"):
+        log.commit(12)
+    log.close()
+    again = make_log()
+    assert (again.tail, again.head) == (3, 15)  # committed messages still held, readable
+    assert offsets(again.read(3, 15)) == list(range(3, 15))
+
+
 def test_missing_segment_is_file_not_found_for_readers(make_log):
     log = make_log(segment_bytes=1)
     log.append(rows(0, 3))
     log.append(rows(3, 3))
     slices = log.slices(0, 6)
     log.commit(3)
+    assert log.wait_deleted(10)
     with pytest.raises(FileNotFoundError):
         list(read_slice(slices[0]))
     assert offsets(read_slice(slices[1])) == [3, 4, 5]
