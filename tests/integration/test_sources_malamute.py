@@ -21,17 +21,25 @@ def run(spark, df, name, ckpt, **trigger):
     return q
 
 
+def drain_now(spark, endpoint, mailbox, tmp_path, name, **options):
+    """An availableNow query from ``mailbox`` into the memory table ``name``, run to its end."""
+    reader = (spark.readStream.format("malamute").option("uri", endpoint).option("mailbox", mailbox)
+              .option("logLocation", str(tmp_path / "log")))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    q = run(spark, reader.load(), name, tmp_path / "ckpt", availableNow=True)
+    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
+    assert q.exception() is None, q.exception()
+    return q
+
+
 def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp_path):
     with MalamuteClient(malamute_broker.endpoint, "producer", timeout=5) as producer:
         for i in range(50_000):
             producer.sendto("spark-in", f"subj{i % 7}", [f"m{i}".encode(), b"second"], tracker=f"t{i}")
         producer.ping()  # everything before it reached the broker
-    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "spark-in")
-          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1").option("numPartitions", "2")
-          .option("maxMessagesPerTrigger", "20000").load())
-    q = run(spark, df, "mlm50k", tmp_path / "ckpt", availableNow=True)
-    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
-    assert q.exception() is None, q.exception()
+    q = drain_now(spark, malamute_broker.endpoint, "spark-in", tmp_path, "mlm50k", quietPeriod="1", numPartitions="2",
+                  maxMessagesPerTrigger="20000")
     rows = spark.sql("select body, offset, frames, sender, address, subject, tracker, destination from mlm50k").collect()
     assert len(rows) == 50_000
     assert sorted(r.offset for r in rows) == list(range(50_000))
@@ -50,11 +58,7 @@ def test_available_now_reads_the_backlog_while_its_quiet_period_runs(spark, mala
         for i in range(3000):
             producer.sendto("spark-quiet", "s", [f"q{i}".encode()])
         producer.ping()
-    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "spark-quiet")
-          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "6").load())
-    q = run(spark, df, "mlm_quiet", tmp_path / "ckpt", availableNow=True)
-    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
-    assert q.exception() is None, q.exception()
+    q = drain_now(spark, malamute_broker.endpoint, "spark-quiet", tmp_path, "mlm_quiet", quietPeriod="6")
     assert sorted(r.body for r in spark.sql("select body from mlm_quiet").collect()) == \
         sorted(f"q{i}".encode() for i in range(3000))
     planned = [(p["numInputRows"], p["durationMs"]["latestOffset"]) for p in q.recentProgress if p["numInputRows"]]
@@ -133,11 +137,7 @@ def test_undecodable_subject_bytes_arrive_as_replacement_characters(spark, malam
         producer.sendto("odd-subjects", bad, b"\x00\xff body")
         producer.sendto("odd-subjects", "fine", b"next")
         producer.ping()
-    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("mailbox", "odd-subjects")
-          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1").load())
-    q = run(spark, df, "mlm_odd", tmp_path / "ckpt", availableNow=True)
-    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
-    assert q.exception() is None, q.exception()
+    drain_now(spark, malamute_broker.endpoint, "odd-subjects", tmp_path, "mlm_odd", quietPeriod="1")
     rows = spark.sql("select subject, body from mlm_odd order by offset").collect()
     assert [(r.subject, bytes(r.body)) for r in rows] == [("temp\ufffd\ufffd", b"\x00\xff body"), ("fine", b"next")]
 
