@@ -191,7 +191,7 @@ class _Deleter:
 
     Oldest first, and nothing more after a failure: whatever a crash or an error leaves behind is
     then the oldest end of the log, which a reopened log takes as committed messages still held,
-    never a gap (``_open`` refuses gaps). The failure is raised by the next ``put`` (the log's next
+    never a gap (``_open`` refuses gaps). The failure is raised by ``check`` (at the log's next
     commit), as a synchronous delete would have raised it."""
 
     def __init__(self, delete) -> None:
@@ -201,12 +201,16 @@ class _Deleter:
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[OSError] = None
 
-    def put(self, paths: list) -> None:
+    def check(self) -> None:
+        """Raise the failure that stopped the deletes, if one did."""
         with self._cond:
             if self.error is not None:
                 raise self.error
-            if not paths:
-                return
+
+    def put(self, paths: list) -> None:
+        with self._cond:
+            if not paths or self.error is not None:
+                return  # after a failure nothing more goes: what is left stays contiguous
             self._paths.extend(paths)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="spark-mq-log-delete", daemon=True)
@@ -641,6 +645,7 @@ class SourceLog:
         with self._lock:
             if self._writer is not None:
                 self._writer.check()  # what is below ``end`` is another reader's business now
+            self._deleter.check()
             head = self.head
             while len(self._segments) > 1 and self._segments[0].end <= end and self._segments[1].first <= end:
                 doomed.append(self._segments.pop(0).path)
@@ -655,9 +660,10 @@ class SourceLog:
                     self._segments.append(marker)
                 self._segments.remove(old)
                 doomed.append(old.path)
-        # Every name here belonged to a segment that held messages, and a new segment is named by
-        # its first offset, which is past them all: no file created later can be one of these.
-        self._deleter.put(doomed)
+            # Under the lock, so that two commits hand their segments over in the log's order. Every
+            # name here belonged to a segment that held messages, and a new segment is named by its
+            # first offset, which is past them all: no file created later can be one of these.
+            self._deleter.put(doomed)
         return len(doomed)
 
     def wait_deleted(self, timeout: Optional[float] = None) -> bool:

@@ -352,6 +352,10 @@ def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, t
                                                    "seg-00000000000000000009.arrow"]
     with pytest.raises(OSError, match="seg-00000000000000000003.arrow.*Permission denied"):
         log.commit(12)
+    assert log.tail == 9  # the failed commit took nothing out of the log
+    kept = str(tmp_path / "log" / "seg-00000000000000000009.arrow")
+    log._deleter.put([kept])  # as a commit racing the failure would: nothing more is deleted
+    assert log.wait_deleted(10) and os.path.exists(kept)
     log.close()
     again = make_log()
     assert (again.tail, again.head) == (3, 15)  # committed messages still held, readable
