@@ -328,7 +328,9 @@ def test_commit_returns_before_the_files_are_deleted_and_close_waits_for_them(ma
     assert not closer.is_alive()
     assert deleting == ["seg-00000000000000000000.arrow", "seg-00000000000000000003.arrow"]
     assert segment_files(tmp_path / "log") == ["seg-00000000000000000006.arrow", "seg-00000000000000000009.arrow"]
-    assert (make_log().tail, make_log().head) == (6, 12)
+    again = make_log()
+    assert (again.tail, again.head) == (6, 12)
+    again.close()
 
 
 def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, tmp_path):
