@@ -226,7 +226,8 @@ class _Deleter:
                 path = self._paths[0]
             try:
                 self._delete(path)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - any (an fsspec-backed filesystem's own errors):
+                # a thread ended by one would leave ``_thread`` set, and ``close`` waiting for ever
                 with self._cond:
                     self.error = OSError(f"could not delete the committed log segment {path}: {exc}")
                     self._paths.clear()

@@ -333,7 +333,10 @@ def test_commit_returns_before_the_files_are_deleted_and_close_waits_for_them(ma
     again.close()
 
 
-def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, tmp_path):
+@pytest.mark.parametrize("failure", [PermissionError(13, "Permission denied"), RuntimeError("Permission denied")])
+def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, tmp_path, failure):
+    """Also an error that is not an OSError (a filesystem's own): it must not end the deleter
+    thread unannounced, which would leave ``close`` waiting for ever."""
     log = make_log(segment_bytes=1)
     for first in range(0, 15, 3):
         log.append(rows(first, 3))
@@ -342,7 +345,7 @@ def test_a_failed_delete_stops_the_deletes_and_fails_the_next_commit(make_log, t
 
     def delete(path):
         if path.endswith("seg-00000000000000000003.arrow"):
-            raise PermissionError(13, "Permission denied")
+            raise failure
         real(path)
 
     log._deleter._delete = delete
