@@ -165,11 +165,7 @@ def run_available_now(writer, timeout: float):
     Returns the query once it has ended; raises the query's exception if it failed and TimeoutError
     (after stopping it) if it is still running."""
     query = writer.trigger(availableNow=True).start()
-    try:
-        finished = query.awaitTermination(timeout)
-    except BaseException:
-        raise
-    if not finished:
+    if not query.awaitTermination(timeout):  # a failed query raises its StreamingQueryException here
         query.stop()
         raise TimeoutError(f"streaming query did not finish within {timeout}s")
     return query

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
+from spark_mq.sinks.testing import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -44,16 +45,10 @@ def reader(spark, url, queue, log, **opts):
     return r.load()
 
 
-def run_available_now(df, name, ckpt, **writer_opts):
-    q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(ckpt))
-         .trigger(availableNow=True).start())
-    finished = q.awaitTermination(QUERY_TIMEOUT)
-    if not finished:
-        q.stop()
-        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
-    if q.exception() is not None:
-        raise AssertionError(f"query {name} failed: {q.exception()}")
-    return q
+def run_available_now(df, name, ckpt):
+    """An availableNow query from ``df`` into the memory table ``name``, run to its end."""
+    return run_to_end(df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(ckpt)),
+                      QUERY_TIMEOUT)
 
 
 def test_available_now_exactly_once_with_properties(spark, rabbitmq, unique_name, tmp_path):

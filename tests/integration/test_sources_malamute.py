@@ -7,12 +7,11 @@ import time
 import pytest
 
 from spark_mq.clients.malamute import MalamuteClient
+from spark_mq.sinks.testing import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT = 240
-
-
 
 
 def run(spark, df, name, ckpt, **trigger):
@@ -27,10 +26,8 @@ def drain_now(spark, endpoint, mailbox, tmp_path, name, **options):
               .option("logLocation", str(tmp_path / "log")))
     for key, value in options.items():
         reader = reader.option(key, value)
-    q = run(spark, reader.load(), name, tmp_path / "ckpt", availableNow=True)
-    assert q.awaitTermination(QUERY_TIMEOUT), "query did not finish"
-    assert q.exception() is None, q.exception()
-    return q
+    return run_to_end(reader.load().writeStream.format("memory").queryName(name)
+                      .option("checkpointLocation", str(tmp_path / "ckpt")), QUERY_TIMEOUT)
 
 
 def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp_path):

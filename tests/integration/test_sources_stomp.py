@@ -7,6 +7,7 @@ import json
 import pytest
 
 from spark_mq.clients.stomp import StompClient
+from spark_mq.sinks.testing import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +30,8 @@ def run_available_now(spark, broker, destination, tmp_path, name, **opts):
          .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1"))
     for k, v in opts.items():
         r = r.option(k, str(v))
-    q = (r.load().writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
-    if not q.awaitTermination(QUERY_TIMEOUT):
-        q.stop()
-        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
-    assert q.exception() is None, q.exception()
-    return q
+    return run_to_end(r.load().writeStream.format("memory").queryName(name)
+                      .option("checkpointLocation", str(tmp_path / "ckpt")), QUERY_TIMEOUT)
 
 
 def test_50k_exactly_once_rabbitmq(spark, rabbitmq, unique_name, tmp_path):
