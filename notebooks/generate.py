@@ -217,7 +217,8 @@ spark.stop()'''),
                "* **any cluster**: `spark-submit --py-files spark_mq-<version>-py-files.zip job.py` "
                "(from `./dev dist`), with pyarrow and (for Malamute) pyzmq installed on the nodes, and "
                "`spark_mq.register(spark)` in the job: zips on `--py-files` are not auto-registered.\n\n"
-               "Put `logLocation` on storage every executor reads (`dbfs:/`, `/Volumes/...`, `s3://...`), "
+               "Put `logLocation` on storage every executor reads (`/Volumes/...`, `/dbfs/...`, `s3://...`; not "
+               "`dbfs:/...`, which pyarrow cannot open), "
                "one directory per query, and keep credentials in a secret scope, not in the notebook. "
                "Outside Databricks/EMR this notebook runs against local Spark and an embedded Malamute "
                "broker, which is how the test suite executes it."),
@@ -246,7 +247,7 @@ if not URI:
     from spark_mq.malamute_broker import Broker
     broker = Broker(["tcp://127.0.0.1:0"]).start()
     URI = broker.endpoints[0]
-# Shared storage for the source log and the checkpoint, e.g. "dbfs:/spark-mq/orders" or "s3://bucket/spark-mq"
+# Shared storage for the source log and the checkpoint, e.g. "/dbfs/spark-mq/orders" or "s3://bucket/spark-mq"
 BASE = os.environ.get("SPARK_MQ_BASE") or tempfile.mkdtemp(prefix="spark-mq-nb-")
 RUN = uuid.uuid4().hex[:6]
 print("broker:", URI.split("@")[-1], "storage:", BASE)'''),

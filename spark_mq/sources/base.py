@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import re
 import time
 from typing import Callable, Iterator, Optional
 
@@ -47,6 +48,10 @@ _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond t
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
 _SILENT_PLAN = 0.1             # seconds without deliveries after which availableNow plans what it has
 _DEFAULT_PREFETCH = 1000
+# ``dbfs:/path``, ``s3:/bucket``: a scheme and one slash. Not a filesystem URI for pyarrow (which needs
+# ``scheme://``), and as a local path it would be a directory named ``dbfs:`` under the driver's working
+# directory, which executors cannot read.
+_ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
 _DEFAULT_COMMIT_PREFETCH = 10_000
 
 
@@ -414,9 +419,17 @@ class MQDataSource(DataSource):
         opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
         module = importlib.import_module(self.CONNECTOR_MODULE)
         module.validate(opts)
-        if streaming and not opts.get("logLocation"):
+        location = opts.get("logLocation")
+        if streaming and not location:
             raise OptionError(f"the {self.FORMAT} stream source needs option 'logLocation' (a directory or "
                               f"filesystem URI for its source log, one per query, reachable from executors)")
+        if location and _ONE_SLASH_URI.match(location):
+            scheme = location.split(":", 1)[0]
+            raise OptionError(
+                f"option 'logLocation' is {location!r}: a filesystem URI needs '{scheme}://', and as a local "
+                f"path it would be a directory named '{scheme}:' on the driver only. Give a full URI "
+                f"(s3://bucket/path, hdfs://...), a local or mounted path (on Databricks /dbfs/... or "
+                f"/Volumes/...), or './{location}' if a local directory of that name is meant")
         return opts
 
     def schema(self) -> str:

@@ -208,7 +208,13 @@ def connect_malamute(opts: Options, address: str = "", *, start: int = 0, client
     from spark_mq.clients.malamute import MalamuteClient
 
     if "heartbeat" in opts.provided and opts.heartbeat > 0:
+        from spark_mq.protocol.malamute.client import DEFAULT_HEARTBEAT, DEFAULT_SERVER_TIMEOUT
+
         kwargs.setdefault("heartbeat", opts.heartbeat)
+        # the broker answers each PING: between two PINGs an idle broker says nothing, so the silence
+        # that counts as a lost broker stays the reference client's 4 PINGs (4 s at 1 s), never less
+        # than one interval (a 10 s heartbeat against 4 s would "lose" every idle broker)
+        kwargs.setdefault("server_timeout", DEFAULT_SERVER_TIMEOUT * max(1.0, opts.heartbeat / DEFAULT_HEARTBEAT))
     cls = client_class or MalamuteClient
     tried, errors = [], []
     for ep in _rotate(endpoints(opts), start):

@@ -153,3 +153,43 @@ def test_endpoints_from_uri_hosts_and_overrides():
         endpoints(amqp(uri="http://u:secret@h"))
     except OptionError as exc:
         assert "secret" not in str(exc)
+
+
+@pytest.mark.parametrize("location", ["dbfs:/spark-mq/orders", "s3:/bucket/log"])
+def test_a_scheme_with_one_slash_is_refused_at_load_naming_logLocation(location):
+    """``dbfs:/x`` is no URI for pyarrow and, as a path, a directory ``dbfs:`` on the driver alone:
+    refused when the source is defined (``schema()`` runs at ``load()``), for streams and batch reads."""
+    from spark_mq.sources.malamute import MalamuteDataSource
+
+    source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
+    with pytest.raises(OptionError, match=r"option 'logLocation' is .*needs '(dbfs|s3)://'.*/dbfs/"):
+        source.schema()
+    with pytest.raises(OptionError, match="logLocation"):
+        source.streamReader(None)
+
+
+@pytest.mark.parametrize("location", ["/dbfs/spark-mq/orders", "file:///tmp/log", "s3://bucket/log", "./dbfs:/x",
+                                      "relative/log"])
+def test_paths_and_full_uris_pass_the_logLocation_check(location):
+    from spark_mq.sources.malamute import MalamuteDataSource
+
+    source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
+    assert "body" in source.schema()
+
+
+@pytest.mark.parametrize("given, ping, lost_after", [(None, None, None), ("0.25", 0.25, 4.0), ("10", 10.0, 40.0)])
+def test_malamute_heartbeat_stretches_the_silence_that_counts_as_a_lost_broker(given, ping, lost_after):
+    """An idle broker speaks only to answer a PING: with ``heartbeat`` 10 s and the default 4 s of
+    silence, every idle connection would count as lost. The silence allowed is 4 intervals, at least 4 s;
+    without the option the client keeps its own defaults (1 s, 4 s)."""
+    from spark_mq.sources.connect import connect_malamute
+
+    made = []
+
+    class Client:
+        def __init__(self, endpoint, address, timeout, **kwargs):
+            made.append(kwargs)
+
+    raw = {"uri": "tcp://127.0.0.1:1", "mailbox": "m", **({"heartbeat": given} if given else {})}
+    connect_malamute(parse_options(raw, format="malamute", direction=SOURCE), client_class=Client)
+    assert made[0].get("heartbeat") == ping and made[0].get("server_timeout") == lost_after
