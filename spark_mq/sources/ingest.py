@@ -113,11 +113,18 @@ def content_identity(body: bytes, headers) -> int:
 
 
 class _Dedup:
-    """Identities of messages in the log, plus the last ``window`` committed ones."""
+    """Identities of messages in the log, plus the last ``window`` committed ones.
+
+    One thread owns it: the ingest thread adds, looks up and trims. Spark's thread (``commit``) only
+    says how far trimming may go (``trim_later``, one int assignment). Trimming on Spark's thread
+    iterated the dict while the ingest added to it: ``RuntimeError: OrderedDict mutated during
+    iteration`` failed the query's commit under load once the window was full (found in review;
+    ``test_dedup_trims_on_its_own_thread_while_another_commits`` reproduced it)."""
 
     def __init__(self, window: int) -> None:
         self.window = window
         self._ids: OrderedDict = OrderedDict()  # identity -> offset, in offset order
+        self._trim_to = 0                       # set by any thread; trimming is the owner's
 
     def __contains__(self, key) -> bool:
         return key in self._ids
@@ -125,7 +132,16 @@ class _Dedup:
     def add(self, key, offset: int) -> None:
         self._ids[key] = offset
 
-    def trim(self, committed: int) -> None:
+    def trim_later(self, committed: int) -> None:
+        """Any thread: identities below ``committed`` may go, beyond the window (see ``trim``)."""
+        if committed > self._trim_to:
+            self._trim_to = committed
+
+    def trim(self, committed: Optional[int] = None) -> None:
+        """The owner's thread only: drop the oldest identities below ``committed`` (by default what
+        ``trim_later`` allowed) while more than ``window`` are held."""
+        if committed is None:
+            committed = self._trim_to
         ids = self._ids
         excess = len(ids) - self.window
         while excess > 0:
@@ -523,6 +539,7 @@ class Ingest:
         else:
             rows = []
             dedup = self._dedup
+            dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
             check_all = self._stable_ids
             for msg in msgs:
                 self.consumed += 1
@@ -791,7 +808,7 @@ class Ingest:
         if end > self.committed:
             self.committed = end
         self.log.commit(end)
-        self._dedup.trim(end)
+        self._dedup.trim_later(end)  # the ingest thread trims: it adds to the identities meanwhile
 
     def _ack_committed(self, end: int) -> None:
         with self._consumer_lock:

@@ -599,3 +599,42 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     ing._flusher.close()
     assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"first"] + bodies
     ing.stop()
+
+
+def test_dedup_trims_on_its_own_thread_while_another_commits(tmp_path):
+    """Spark's thread commits while the ingest thread adds identities and trims. Trimming inside
+    ``commit`` iterated the identities while the ingest added to them, and the commit failed with
+    ``RuntimeError: OrderedDict mutated during iteration`` (within a second here); now ``commit``
+    only says how far trimming may go, and the ingest's trim honours it."""
+    import threading
+
+    ing = _ingest(tmp_path, fmt="amqp08", dedupWindow="100")
+    dedup = ing._dedup
+    stop, errors, added = threading.Event(), [], [0]
+
+    def ingest_thread():
+        try:
+            while not stop.is_set():
+                for _ in range(50):
+                    dedup.add(("id", added[0]), added[0])
+                    added[0] += 1
+                dedup.trim()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    t = threading.Thread(target=ingest_thread)
+    t.start()
+    deadline = time.monotonic() + 1.5
+    try:
+        while time.monotonic() < deadline and not errors:
+            ing.commit(max(0, added[0] - 10))  # everything but the newest few is committed
+    except BaseException as exc:  # noqa: BLE001
+        errors.append(exc)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert added[0] > 10_000                       # both threads really ran side by side
+    dedup.trim()
+    assert len(dedup) <= 100 + 50 + 10             # trimmed to the window, past what was committed
+    ing.log.close()
