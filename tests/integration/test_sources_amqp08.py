@@ -206,6 +206,32 @@ def test_commit_mode_restart_redeliveries_are_dropped(spark, rabbitmq, unique_na
     assert depth(url, queue) == 0
 
 
+def test_commit_mode_acks_redeliveries_of_a_committed_batch_without_new_data(spark, rabbitmq, unique_name, tmp_path):
+    """A ``once`` run ends before its batch is acked; the next run's first offset call commits that
+    batch (Spark has it in its commit log) and starts the ingest, which connects after that, and
+    then the broker redelivers the batch. With no new data no later commit comes: the dropped
+    redeliveries must be acked at once, or they stay unacked (a full prefetch of them stalls the
+    queue), and once the log is committed a third run would take them again as new messages. (A
+    second run with availableNow starts its ingest earlier, in prepareForTriggerAvailableNow, so the
+    redeliveries usually come before that commit, which then acks them: ``once`` shows the case.)"""
+    url = rabbitmq.url("amqp")
+    queue = unique_name("src")
+    publish(url, queue, 500)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    opts = dict(ackMode="commit")
+    run_to_parquet(reader(spark, url, queue, tmp_path / "log", **opts), out, ckpt, once=True)
+    assert spark.read.parquet(str(out)).count() == 500
+    assert depth(url, queue) == 500  # the once run acked nothing: all back in the queue
+    q = run_to_parquet(reader(spark, url, queue, tmp_path / "log", **opts), out, ckpt, once=True)
+    figures = source_figures(q)
+    assert figures["duplicatesDropped"] == 500, figures
+    assert depth(url, queue) == 0, "the redeliveries of a committed batch were not acknowledged"
+    q = run_to_parquet(reader(spark, url, queue, tmp_path / "log", **opts), out, ckpt)
+    assert source_figures(q)["consumed"] == 0
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(500))
+
+
 def test_auto_mode_and_read_limit_by_bytes(spark, rabbitmq, unique_name, tmp_path):
     url = rabbitmq.url("amqp")
     queue = unique_name("src")
