@@ -187,10 +187,20 @@ class MQStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
         first_call = self._last_end is None
         ing = self._engine()
+        limited = True
         if start is not None:
             s = int(start["offset"])
-        else:  # Spark < 4.2 calls latestOffset() without a start
-            s = self._last_end if self._last_end is not None else ing.log.tail
+        elif self._last_end is not None:  # Spark < 4.2 calls latestOffset() without a start
+            s = self._last_end
+        else:
+            # ... and its first call after a restart comes before anything says where the
+            # checkpoint's last batch ended (E). The log's tail may lie far below E (a segment goes
+            # only once all of it is committed): a read limit counted from the tail could answer an
+            # end below E, and Spark would run [E, end) empty and then read [end, E) again. All that
+            # is durable is never below E (E was planned from it, and the log keeps what is
+            # durable), so this one call answers that, without limits (found in review).
+            s = ing.log.tail
+            limited = False
         if ing.log.head < s:
             ing.log.fast_forward(s)  # an empty log for an old checkpoint; data in it would be an error
         if s > ing.committed:
@@ -213,7 +223,7 @@ class MQStreamReader(DataSourceStreamReader):
         end = ing.log.durable_head
         if ing.target is not None:
             end = min(end, max(ing.target, s))
-        if not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
+        if limited and not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
             end = self._apply_limits(ing, s, end)
         if end > s:
             self._last_batch_time = time.monotonic()

@@ -35,3 +35,43 @@ def test_limits_are_options():
 def test_num_partitions_overrides_both_limits():
     assert partition_count(500_000, 50_000_000, _opts(numPartitions=3)) == 3
     assert partition_count(2, 50_000_000, _opts(numPartitions=3)) == 2  # at most one per message
+
+
+class _Log:
+    def __init__(self, tail, head):
+        self.tail, self.head, self.durable_head = tail, head, head
+
+    def limit_bytes(self, s, end, max_bytes):
+        return end
+
+
+class _Ingest:
+    """What ``latestOffset`` reads of the ingest: a log that is all durable, nothing pending."""
+
+    def __init__(self, tail, head):
+        self.log = _Log(tail, head)
+        self.committed = tail
+        self._available_now = False
+        self.target = None
+        self.planned_end = 0
+
+    def commit(self, end):
+        self.committed = max(self.committed, end)
+
+
+def test_spark_before_4_2_first_offset_call_without_a_start_is_never_below_the_checkpoint():
+    """Spark < 4.2 calls ``latestOffset()`` without a start. On a restart its checkpoint's last end
+    (here 900) is unknown to the first call, and the log's tail (0) lies below it: a limit counted
+    from the tail answered 100, and Spark would run [900, 100) and then read [100, 900) again. The
+    first call answers all that is durable; limits apply from the next call on."""
+    from spark_mq import schema as S
+    from spark_mq.sources.base import MQStreamReader
+
+    reader = MQStreamReader("malamute", _opts(maxMessagesPerTrigger=100), S.source_schema("malamute"), None)
+    ing = _Ingest(tail=0, head=1000)
+    reader._engine = lambda: ing
+    reader._wait_first = lambda ing: None
+    assert reader.latestOffset() == {"offset": 1000}
+    ing.log.head = ing.log.durable_head = 1500
+    assert reader.latestOffset() == {"offset": 1100}  # from the last end, within the limit
+    assert reader.latestOffset({"offset": 1100}, None) == {"offset": 1200}  # Spark >= 4.2: a start, limits
