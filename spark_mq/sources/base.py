@@ -164,6 +164,7 @@ class MQStreamReader(DataSourceStreamReader):
             from spark_mq.sources.ingest import Ingest
             opts, connector = self.opts, self._connector
             self._ingest = Ingest(self.fmt, opts, lambda attempt: connector(opts, attempt))
+            self._ingest.hold_until_resumed()  # the offset calls below say where Spark resumes
             self._ingest.start()
             self._started_at = time.monotonic()
         self._ingest.check()
@@ -182,6 +183,7 @@ class MQStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict:
         ing = self._engine()
+        ing.resume_at(ing.log.tail)  # a new query: it starts where the log does
         return {"offset": ing.log.tail}
 
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
@@ -201,8 +203,9 @@ class MQStreamReader(DataSourceStreamReader):
             # durable), so this one call answers that, without limits (found in review).
             s = ing.log.tail
             limited = False
+        ing.resume_at(s if start is not None else None)  # an empty log continues where Spark does
         if ing.log.head < s:
-            ing.log.fast_forward(s)  # an empty log for an old checkpoint; data in it would be an error
+            ing.log.fast_forward(s)  # a log that ends below Spark's position: data in it is an error
         if s > ing.committed:
             # Spark asks for the batch after ``s`` only once the batch ending at ``s`` is in its
             # commit log (batches run one at a time; a restart re-runs an uncommitted batch before
@@ -319,6 +322,9 @@ class MQStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         lo, hi = int(start["offset"]), int(end["offset"])
         ing = self._engine()
+        # a restart replays its last batch before any offset call: an empty log (wiped) continues
+        # after it, and the batch's messages are reported missing below
+        ing.resume_at(hi)
         location = self.opts.logLocation
         tail, head = ing.log.tail, ing.log.head
         missing = None

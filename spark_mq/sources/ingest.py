@@ -294,6 +294,8 @@ class Ingest:
         self._unsynced: deque = deque()
         self._flusher: Optional[_Flusher] = None
         self._dedup = _Dedup(opts.dedupWindow)
+        self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
+        self._resumed.set()
         self.error: Optional[BaseException] = None
         # figures
         self.consumed = 0
@@ -330,6 +332,24 @@ class Ingest:
                 self._flusher = _Flusher(self.log, f"spark-mq-fsync-{self.fmt}", self._notify)
             self._thread = threading.Thread(target=self._run, name=f"spark-mq-ingest-{self.fmt}", daemon=True)
             self._thread.start()
+
+    def hold_until_resumed(self) -> None:
+        """Before ``start``: where the log holds no message (new, wiped, or all committed), take
+        nothing from the broker until ``resume_at``. Spark may start the ingest before it says where
+        the query resumes (availableNow prepares first): a new log for an old checkpoint would get
+        its first messages at offsets Spark has already passed."""
+        if self.log.head == self.log.tail:
+            self._resumed.clear()
+
+    def resume_at(self, offset: Optional[int]) -> None:
+        """Spark resumes at ``offset`` (None: it cannot say, Spark < 4.2): an empty log behind it
+        continues there, before anything is appended to it; then the ingest takes messages."""
+        if self._resumed.is_set():
+            return
+        if offset is not None and self.log.head < offset:
+            self.log.fast_forward(offset)  # the log holds no message: nothing is skipped
+            self.committed = max(self.committed, self.log.tail)
+        self._resumed.set()
 
     def _overlap_fsync(self) -> bool:
         """fsync in a thread of its own (``_Flusher``) where no acknowledgement waits for it: Malamute
@@ -491,6 +511,10 @@ class Ingest:
         consumer = self._consumer
         if self._want_depth:
             self._count_target(consumer)
+        if not self._resumed.is_set():  # see hold_until_resumed
+            consumer.keepalive()
+            self._resumed.wait(_PAUSE_CHECK)
+            return
         if self.over_bound():
             self._settle(keep=0)
             if not self.paused:

@@ -62,6 +62,36 @@ def test_available_now_reads_the_backlog_while_its_quiet_period_runs(spark, mala
     assert planned and all(ms < 3000 for _, ms in planned), planned  # none waited the 6 s out
 
 
+def test_a_new_log_for_an_old_checkpoint_continues_at_the_checkpoint(spark, malamute_broker, tmp_path):
+    """The log's directory is wiped (or ``logLocation`` changed) and the query restarts from its
+    checkpoint, which resumes at offset 300. availableNow starts the ingest before Spark says where
+    it resumes: what it took must not be appended at offsets 0.. of the new log (Spark would then
+    find a log ending below where it resumes and fail, or skip what lies below) but at 300.."""
+    import shutil
+
+    def send(start, count):
+        with MalamuteClient(malamute_broker.endpoint, f"producer-wipe-{start}", timeout=5) as producer:
+            for i in range(start, start + count):
+                producer.sendto("spark-wipe", "s", [f"w{i}".encode()])
+            producer.ping()
+
+    def drain():
+        df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint)
+              .option("mailbox", "spark-wipe").option("logLocation", str(tmp_path / "log"))
+              .option("quietPeriod", "0.5").load())
+        run_to_end(df.select("body", "offset").writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                   .option("checkpointLocation", str(tmp_path / "ckpt")), QUERY_TIMEOUT)
+        return spark.read.parquet(str(tmp_path / "out")).collect()
+
+    send(0, 300)
+    assert len(drain()) == 300
+    shutil.rmtree(tmp_path / "log")
+    send(300, 200)
+    rows = drain()
+    assert sorted(r.body for r in rows) == sorted(f"w{i}".encode() for i in range(500))
+    assert sorted(r.offset for r in rows) == list(range(500))
+
+
 def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
     df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint).option("stream", "weather")
           .option("pattern", "^temp").option("logLocation", str(tmp_path / "log")).load())

@@ -624,17 +624,20 @@ def test_dedup_trims_on_its_own_thread_while_another_commits(tmp_path):
 
     t = threading.Thread(target=ingest_thread)
     t.start()
-    deadline = time.monotonic() + 1.5
-    try:
-        while time.monotonic() < deadline and not errors:
+    started, commits = time.monotonic(), 0
+    try:  # the old code failed within a second of this; a busy machine gets more time, not a pass
+        while not errors and time.monotonic() - started < 30 and \
+                (time.monotonic() - started < 2 or added[0] < 50_000 or commits < 500):
             ing.commit(max(0, added[0] - 10))  # everything but the newest few is committed
+            commits += 1
     except BaseException as exc:  # noqa: BLE001
         errors.append(exc)
     finally:
         stop.set()
         t.join()
     assert not errors, errors
-    assert added[0] > 10_000                       # both threads really ran side by side
+    assert added[0] >= 50_000 and commits >= 500, (added, commits)  # both threads ran side by side
+    ing.commit(added[0])                           # all committed: the owner's trim keeps the window
     dedup.trim()
-    assert len(dedup) <= 100 + 50 + 10             # trimmed to the window, past what was committed
+    assert len(dedup) == 100
     ing.log.close()
