@@ -92,6 +92,11 @@ def redact_uri(uri: str) -> str:
     except ValueError:
         return MASK
     if parts.password is None:
+        scheme, sep, rest = uri.partition("://")
+        if sep and "@" in rest:
+            # an '@' after what urlsplit took for the host: a password with an unencoded '/', '?'
+            # or '#' (``amqp://u:pa/ss@h/``) ends the netloc early and would be shown as host and path
+            return f"{scheme}://{MASK}@{rest.rpartition('@')[2]}"
         return uri
     host = parts.hostname or ""
     if ":" in host:
@@ -351,12 +356,15 @@ _SOCKET = frozenset({AMQP08, STOMP})
 CONNECTION_OPTIONS = define(
     OptionSpec("uri", OptionType.STRING, secret=True, redactor=_redact_uri_list, doc=(
         "Where the broker is: amqp://user:pass@host:5672/vhost (amqps:// for TLS), stomp://user:pass@host:61613 "
-        "(stomp+ssl://), tcp://host:9999 or ipc://path (Malamute). Several comma-separated URIs are tried in turn "
-        "(failover). host/port/username/password/virtualHost override its parts.")),
+        "(stomp+ssl://; a path, stomp://host:61613/vhost, is sent as CONNECT's host header, which RabbitMQ takes "
+        "as the virtual host), tcp://host:9999 or ipc://path (Malamute). Several comma-separated URIs are tried "
+        "in turn (failover). host/port/username/password/virtualHost override its parts. A user or password "
+        "with '/', '?', '#' or '@' must be percent-encoded.")),
     OptionSpec("host", OptionType.LIST, doc=(
         "Broker host, or a comma-separated list host[:port],host[:port] tried in turn on (re)connect.")),
     OptionSpec("port", OptionType.INT, minimum=1, maximum=65535, formats=_SOCKET | {MALAMUTE},
-               doc="Broker port (default: the protocol's: 5672/5671, 61613, 9999)."),
+               doc="Broker port (default: the protocol's: 5672/5671, 61613, 9999); overrides the uri's port "
+                   "(Malamute: a tcp:// uri only)."),
     OptionSpec("username", OptionType.STRING, formats=_SOCKET, doc="User name (AMQP login / STOMP login)."),
     OptionSpec("password", OptionType.STRING, secret=True, formats=_SOCKET,
                doc="Password (AMQP) or passcode (STOMP). Never logged or shown."),

@@ -127,6 +127,9 @@ class StompClient:
             kwargs.setdefault("login", unquote(parts.username))
         if parts.password is not None:
             kwargs.setdefault("passcode", unquote(parts.password))
+        vhost = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
+        if vhost:  # stomp://host/vhost: RabbitMQ takes the virtual host from CONNECT's host header
+            kwargs["connect_headers"] = {"host": vhost, **(kwargs.get("connect_headers") or {})}
         return cls(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, **kwargs)
 
     def __repr__(self) -> str:

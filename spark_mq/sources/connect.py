@@ -92,11 +92,21 @@ def endpoints(opts: Options) -> list[Endpoint]:
             parts = urlsplit(uri)
             port = parts.port
         except ValueError as exc:
-            raise OptionError(f"option 'uri': cannot parse {redact_uri(uri)}: {exc}") from None
+            # not the ValueError's text: it may quote the password (urlsplit read it as the port)
+            raise OptionError(f"option 'uri': cannot parse {redact_uri(uri)} (its port is not a number; a "
+                              f"password with '/', '?' or '#' must be percent-encoded: %2F, %3F, %23)") from None
         if parts.scheme not in schemes:
             raise OptionError(f"option 'uri': scheme {parts.scheme!r} of {redact_uri(uri)} is not one of "
                               f"{', '.join(sorted(schemes))} for format {fmt}")
+        if "@" in parts.path + parts.query + parts.fragment and fmt != MALAMUTE:
+            raise OptionError(f"option 'uri': {redact_uri(uri)} has an '@' after its host: a user or password "
+                              f"with '/', '?' or '#' must be percent-encoded (%2F, %3F, %23)")
         if fmt == MALAMUTE:
+            if opts.get("port") is not None:  # as for the other formats: the option overrides the URI's
+                if parts.scheme != "tcp":
+                    raise OptionError(f"option 'port' does not apply to {uri}: only a tcp:// endpoint has a port")
+                host = parts.hostname or "127.0.0.1"
+                uri = f"tcp://{'[' + host + ']' if ':' in host else host}:{opts.port}"
             bases.append({"zmq_endpoint": uri})
             continue
         tls = schemes[parts.scheme]
@@ -188,6 +198,10 @@ def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
 
     tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
+        if ep.virtual_host not in ("/", ""):
+            # a path in the URI (stomp://host/vhost): RabbitMQ's STOMP adapter takes the virtual host
+            # from CONNECT's host header; without it the default vhost was used, silently
+            kwargs = {**kwargs, "connect_headers": {"host": ep.virtual_host, **(kwargs.get("connect_headers") or {})}}
         client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password,
                              tls=tls_options(opts) if ep.tls else None,
                              timeout=opts.get("connectTimeout") or 10.0, **kwargs)

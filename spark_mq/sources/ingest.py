@@ -440,9 +440,20 @@ class Ingest:
                         self._stop.wait(sleep)
                         continue
                     with self._consumer_lock:
+                        if self._stop.is_set():
+                            # stop() came during a slow connect and has closed what it saw: this
+                            # connection would stay open, holding deliveries nobody logs
+                            try:
+                                consumer.close()
+                            except Exception:  # noqa: BLE001 - stopping: nothing to do about it
+                                pass
+                            break
                         self._consumer = consumer
                         self._generation += 1
                         self._pending_acks.clear()
+                    # a new subscription consumes: pausing at the log bound starts over with it
+                    # (a pause of the lost one, or one that failed with it, says nothing of this one)
+                    self.paused = False
                     self._stable_ids = getattr(consumer, "stable_ids", True)
                     if down_since is not None or attempt:
                         self.reconnects += 1
@@ -756,7 +767,9 @@ class Ingest:
             log.warning("%s source: queue depth unknown (%s); availableNow ends after a quiet period", self.fmt, exc)
             depth = None
         if depth is not None:
-            self._target_consumed = self.consumed + held + depth
+            # counted in messages taken as new: redeliveries dropped as duplicates (after a reconnect
+            # in the middle of the drain, up to a prefetch of them) must not count towards the target
+            self._target_consumed = self.consumed - self.duplicates + held + depth
         with self._cond:
             self._want_depth = False  # only now: prepare_available_now waits for the figure
             self._cond.notify_all()
@@ -766,7 +779,7 @@ class Ingest:
             return
         now = time.monotonic()
         silent = now - self.last_message
-        reached = self._target_consumed is not None and self.consumed >= self._target_consumed
+        reached = self._target_consumed is not None and self.consumed - self.duplicates >= self._target_consumed
         if reached:
             # RabbitMQ counts deliveries still inside the broker (between queue and channel) as
             # neither ready nor held: wait for those stragglers, briefly, before fixing the end

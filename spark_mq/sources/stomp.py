@@ -48,7 +48,13 @@ class StompConsumer:
         profile = self.client.broker
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
-        self._subscribe()
+        try:
+            self._subscribe()
+        except BaseException:
+            # a refused or unanswered SUBSCRIBE: the ingest connects again, and this connection (and
+            # a subscription it may hold after all, with deliveries nobody logs) must not stay open
+            self.client.close()
+            raise
         self._paused = False
 
     def _subscribe(self) -> None:

@@ -50,6 +50,9 @@ class TlsOptions:
         return ctx
 
 
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+
+
 def open_socket(host: str, port: int, *, timeout: float, tls: Optional[TlsOptions] = None) -> socket.socket:
     """Connect (and TLS-handshake) within ``timeout`` seconds or raise ``ConnectionClosedError``."""
     try:
@@ -59,6 +62,13 @@ def open_socket(host: str, port: int, *, timeout: float, tls: Optional[TlsOption
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # STOMP 1.0 has no heartbeat: a broker host that vanished without a reset (power, a network
+        # partition) would keep a consumer "connected" to silence for the kernel's default 2 h 11 min
+        # before the first probe fails. Probes after 30 s idle, every 10 s, 3 lost: gone in about 60 s.
+        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                            ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+            if hasattr(socket, name):  # Linux; other systems keep their defaults
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
         if tls is not None:
             sock = tls.context().wrap_socket(sock, server_hostname=tls.server_hostname or host)
     except (OSError, ssl.SSLError) as exc:

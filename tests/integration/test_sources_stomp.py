@@ -34,6 +34,26 @@ def run_available_now(spark, broker, destination, tmp_path, name, **opts):
                       .option("checkpointLocation", str(tmp_path / "ckpt")), QUERY_TIMEOUT)
 
 
+def test_a_virtual_host_in_the_uri_is_the_one_read(spark, rabbitmq, unique_name, tmp_path):
+    """``stomp://host/vhost`` reads that RabbitMQ virtual host (CONNECT's host header); the path
+    used to be dropped, and the source silently read an empty queue of the default one."""
+    vhost = unique_name("vh")
+    rabbitmq.add_vhost(vhost)
+    try:
+        rabbitmq.set_permissions(rabbitmq.user or "guest", vhost)
+        uri = rabbitmq.url("stomp") + "/" + vhost
+        with StompClient.from_uri(uri) as client:
+            client.send_many("/queue/in-vhost", (f"v{i}".encode() for i in range(300)), receipt=True)
+        r = (spark.readStream.format("stomp").option("uri", uri).option("destination", "/queue/in-vhost")
+             .option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1").load())
+        run_to_end(r.writeStream.format("memory").queryName("stomp_vhost")
+                   .option("checkpointLocation", str(tmp_path / "ckpt")), QUERY_TIMEOUT)
+        rows = spark.sql("select body from stomp_vhost").collect()
+        assert sorted(r.body for r in rows) == sorted(f"v{i}".encode() for i in range(300))
+    finally:
+        rabbitmq.delete_vhost(vhost)
+
+
 def test_50k_exactly_once_rabbitmq(spark, rabbitmq, unique_name, tmp_path):
     destination = "/queue/" + unique_name("src")
     publish(rabbitmq, destination, 50_000)

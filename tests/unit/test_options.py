@@ -193,3 +193,49 @@ def test_malamute_heartbeat_stretches_the_silence_that_counts_as_a_lost_broker(g
     raw = {"uri": "tcp://127.0.0.1:1", "mailbox": "m", **({"heartbeat": given} if given else {})}
     connect_malamute(parse_options(raw, format="malamute", direction=SOURCE), client_class=Client)
     assert made[0].get("heartbeat") == ping and made[0].get("server_timeout") == lost_after
+
+
+def test_a_password_with_an_unencoded_slash_never_shows():
+    """``amqp://u:pa/ss@h/``: urlsplit ends the host part at the '/', so no password is parsed and
+    the URI used to be shown whole (options, errors, connect warnings)."""
+    for uri in ("amqp://u:pa/ss@h:5672/", "amqp://u:12345/x@h/", "stomp://u:p?w@h:61613"):
+        assert "pa/ss" not in redact_uri(uri) and "12345" not in redact_uri(uri) and "p?w" not in redact_uri(uri)
+        assert redact_uri(uri).startswith(uri.split("://")[0] + "://***@")
+        opts = parse_options({"uri": uri, "queue" if uri.startswith("amqp") else "destination": "/queue/q"},
+                             format=uri.split(":")[0].replace("amqp", "amqp08"), direction=SOURCE)
+        assert "pa/ss" not in repr(opts) and "12345" not in repr(opts)
+        with pytest.raises(OptionError) as info:
+            endpoints(opts)
+        text = str(info.value)
+        assert "percent-encoded" in text and "pa/ss" not in text and "12345" not in text and "p?w" not in text
+    assert redact_uri("amqp://u:p%2Fss@h/v") == "amqp://u:***@h/v"  # encoded: parsed, masked as before
+
+
+def test_malamute_port_overrides_a_tcp_uri_and_is_refused_with_ipc():
+    mlm = lambda **o: parse_options({"mailbox": "m", **o}, format="malamute", direction=SOURCE)  # noqa: E731
+    assert endpoints(mlm(uri="tcp://h:9999", port="10000"))[0].zmq_endpoint == "tcp://h:10000"
+    assert endpoints(mlm(uri="tcp://h:9999"))[0].zmq_endpoint == "tcp://h:9999"
+    with pytest.raises(OptionError, match="option 'port' does not apply to ipc:///tmp/x"):
+        endpoints(mlm(uri="ipc:///tmp/x", port="10000"))
+
+
+def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
+    """``stomp://host/vh``: RabbitMQ takes the virtual host from CONNECT's ``host`` header; the path
+    used to be parsed and dropped (the default vhost was used)."""
+    import spark_mq.clients.stomp as stomp_client
+    from spark_mq.sources.connect import connect_stomp
+
+    made = []
+
+    class Client:
+        def __init__(self, host, port, **kwargs):
+            made.append(kwargs.get("connect_headers"))
+
+        def connect(self):
+            return self
+
+    monkeypatch.setattr(stomp_client, "StompClient", Client)
+    for uri, expected in (("stomp://h:1/orders", {"host": "orders"}), ("stomp://h:1", None), ("stomp://h:1/", None)):
+        opts = parse_options({"uri": uri, "destination": "/queue/q"}, format="stomp", direction=SOURCE)
+        connect_stomp(opts)
+        assert made[-1] == expected, uri

@@ -1,0 +1,178 @@
+"""The ingest across a lost connection, a stop during a connect, and the availableNow count, on fake
+consumers (the broker-facing behaviour is in the integration tests; these pin down the bookkeeping)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from spark_mq.errors import ConnectionClosedError
+from spark_mq.options import SOURCE, parse_options
+from spark_mq.sources.ingest import Ingest
+
+
+def _ingest(tmp_path, fmt="malamute", **extra):
+    base = {"uri": "tcp://127.0.0.1:1", "mailbox": "m"} if fmt == "malamute" else \
+        {"uri": "amqp://guest:guest@127.0.0.1:1/%2F", "queue": "q"}
+    opts = parse_options({**base, "logLocation": str(tmp_path / "log"), **extra}, format=fmt, direction=SOURCE)
+    return Ingest(fmt, opts, connect=None)
+
+
+class Consumer:
+    """Malamute-shaped deliveries, once; records pause/resume/close; ``lose`` makes keepalive fail."""
+
+    def __init__(self, bodies):
+        self.bodies = list(bodies)
+        self.paused = self.closed = self.lose = False
+
+    def poll(self, max_count, timeout):
+        out, self.bodies = self.bodies[:max_count], self.bodies[max_count:]
+        if not out:
+            time.sleep(min(timeout, 0.01))
+        return list(enumerate(out))
+
+    def row(self, msg, offset, now_us):
+        _, body = msg
+        return (body, "m", None, now_us, None, False, offset, "s", "m", "subj", "", None)
+
+    def ack(self, msgs):
+        pass
+
+    def keepalive(self):
+        if self.lose:
+            raise ConnectionClosedError("connection reset (test)")
+
+    def pause(self):
+        self.paused = True
+
+    def resume(self):
+        self.paused = False
+
+    def close(self):
+        self.closed = True
+
+
+def _wait(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_reconnect_over_the_log_bound_pauses_the_new_consumer(tmp_path):
+    """Over the log bound the ingest pauses its consumer. The connection is lost while paused; the
+    new consumer must be paused too, or the broker streams the whole queue into memory (auto mode)
+    past ``maxUncommittedMessages``. ``paused`` used to survive the reconnect, so the new one never was."""
+    ing = _ingest(tmp_path, maxUncommittedMessages="3")
+    first, second = Consumer([b"a", b"b", b"c", b"d"]), Consumer([b"e"])
+    made = iter([first, second])
+    ing._connect = lambda attempt: next(made)
+    ing.start()
+    try:
+        assert _wait(lambda: first.paused), "the first consumer was not paused at the bound"
+        first.lose = True  # the next keepalive while paused finds the connection gone
+        assert _wait(lambda: ing._consumer is second), "no reconnect"
+        assert _wait(lambda: second.paused), "the new consumer was not paused though the log is over its bound"
+        assert ing.log.head == 4 and ing.reconnects == 1
+    finally:
+        ing.stop(timeout=5)
+
+
+def test_a_stop_during_a_slow_connect_closes_what_the_connect_returns(tmp_path):
+    """``stop()`` waits for the ingest thread only so long; a connect that returns after it must
+    not leave its connection open (it would hold deliveries nobody logs)."""
+    ing = _ingest(tmp_path)
+    release, returned = threading.Event(), []
+
+    def slow_connect(attempt):
+        release.wait(10)
+        c = Consumer([b"x"])
+        returned.append(c)
+        return c
+
+    ing._connect = slow_connect
+    ing.start()
+    ing.stop(timeout=0.2)  # gives up on the thread, which is still connecting
+    release.set()
+    assert _wait(lambda: returned and returned[0].closed), "the late connection was left open"
+    ing._thread.join(5)
+    assert not ing._thread.is_alive() and ing._consumer is None
+
+
+def test_available_now_target_does_not_count_dropped_redeliveries(tmp_path):
+    """The availableNow target counts what the drain must take: consumed + held + depth when asked.
+    Redeliveries dropped as duplicates after a reconnect are not new messages; counted, they ended
+    the drain up to a prefetch early."""
+    ing = _ingest(tmp_path, fmt="amqp08", ackMode="durable", quietPeriod="60")
+
+    class Depth:
+        def depth_in_order(self):
+            return 10
+
+        def buffered(self):
+            return 0
+
+    ing._available_now = True
+    ing.consumed, ing.duplicates = 4, 0
+    ing._count_target(Depth())                     # 4 taken, 10 in the queue: 14 to take
+    ing.last_message = time.monotonic() - 30       # long silent: a reached count fixes the target
+    ing.consumed, ing.duplicates = 14, 5           # 10 more deliveries, 5 of them redeliveries
+    ing._maybe_fix_target(None, quiet_ok=False)
+    assert ing.target is None                      # 9 new of 14: not there yet
+    ing.consumed = 19                              # 5 more new ones
+    ing._maybe_fix_target(None, quiet_ok=False)
+    ing._maybe_fix_target(None, quiet_ok=False)
+    assert ing.target == ing.log.head
+    ing.log.close()
+
+
+def test_sockets_probe_a_silent_peer_within_a_minute():
+    """STOMP 1.0 has no heartbeat: TCP keepalive with short timers finds a vanished broker host."""
+    from spark_mq.transport.stream import KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, open_socket
+
+    if not hasattr(socket, "TCP_KEEPIDLE"):
+        pytest.skip("not Linux: the system's keepalive timers apply")
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        sock = open_socket("127.0.0.1", listener.getsockname()[1], timeout=5)
+        try:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE == 30
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == KEEPALIVE_INTERVAL
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == KEEPALIVE_COUNT
+            assert KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT <= 60
+        finally:
+            sock.close()
+    finally:
+        listener.close()
+
+
+def test_a_failed_stomp_subscribe_closes_its_connection(monkeypatch):
+    """SUBSCRIBE refused or unanswered: the ingest connects again, and this connection (with a
+    subscription it may hold after all) is closed, not left open per retry until brokerTimeout."""
+    import spark_mq.sources.stomp as stomp_src
+
+    class Profile:
+        cumulative_client_ack, name = True, "activemq"
+
+    class Client:
+        broker = Profile()
+        closed = False
+
+        def subscribe(self, *args, **kwargs):
+            raise ConnectionClosedError("no RECEIPT for SUBSCRIBE within 10 s (test)")
+
+        def close(self):
+            Client.closed = True
+
+    monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0: Client())
+    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": "/queue/q", "logLocation": "/nonexistent"},
+                         format="stomp", direction=SOURCE)
+    with pytest.raises(ConnectionClosedError):
+        stomp_src.StompConsumer(opts)
+    assert Client.closed
