@@ -82,6 +82,7 @@ class StompClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         broker: Optional[BrokerProfile] = None,
         connect_headers: Optional[dict] = None,
+        virtual_host: Optional[str] = None,
         on_open_transaction: str = "abort",
         linger: float = DEFAULT_LINGER,
     ) -> None:
@@ -93,6 +94,10 @@ class StompClient:
         self._passcode = passcode
         self._tls = tls
         self.timeout = timeout
+        if virtual_host and virtual_host != "/":
+            # RabbitMQ's STOMP adapter takes the virtual host from CONNECT's host header (stomp://host/vhost);
+            # without it the default vhost was used, silently
+            connect_headers = {"host": virtual_host, **(connect_headers or {})}
         self._connect_headers = connect_headers
         self._on_open_tx = on_open_transaction
         self._session = StompSession(max_frame_size=max_frame_size, broker=broker)
@@ -127,9 +132,7 @@ class StompClient:
             kwargs.setdefault("login", unquote(parts.username))
         if parts.password is not None:
             kwargs.setdefault("passcode", unquote(parts.password))
-        vhost = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
-        if vhost:  # stomp://host/vhost: RabbitMQ takes the virtual host from CONNECT's host header
-            kwargs["connect_headers"] = {"host": vhost, **(kwargs.get("connect_headers") or {})}
+        kwargs.setdefault("virtual_host", unquote(parts.path[1:] if parts.path.startswith("/") else parts.path))
         return cls(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, **kwargs)
 
     def __repr__(self) -> str:

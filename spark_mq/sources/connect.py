@@ -198,11 +198,7 @@ def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
 
     tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
-        if ep.virtual_host not in ("/", ""):
-            # a path in the URI (stomp://host/vhost): RabbitMQ's STOMP adapter takes the virtual host
-            # from CONNECT's host header; without it the default vhost was used, silently
-            kwargs = {**kwargs, "connect_headers": {"host": ep.virtual_host, **(kwargs.get("connect_headers") or {})}}
-        client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password,
+        client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password, virtual_host=ep.virtual_host,
                              tls=tls_options(opts) if ep.tls else None,
                              timeout=opts.get("connectTimeout") or 10.0, **kwargs)
         try:

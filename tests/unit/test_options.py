@@ -227,9 +227,10 @@ def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
 
     made = []
 
-    class Client:
+    class Client(stomp_client.StompClient):
         def __init__(self, host, port, **kwargs):
-            made.append(kwargs.get("connect_headers"))
+            super().__init__(host, port, **kwargs)
+            made.append(self._connect_headers)
 
         def connect(self):
             return self
@@ -239,3 +240,6 @@ def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
         opts = parse_options({"uri": uri, "destination": "/queue/q"}, format="stomp", direction=SOURCE)
         connect_stomp(opts)
         assert made[-1] == expected, uri
+    monkeypatch.undo()
+    assert stomp_client.StompClient.from_uri("stomp://h:1/orders")._connect_headers == {"host": "orders"}
+    assert stomp_client.StompClient.from_uri("stomp://h:1")._connect_headers is None
