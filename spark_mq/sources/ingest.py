@@ -137,11 +137,10 @@ class _Dedup:
         if committed > self._trim_to:
             self._trim_to = committed
 
-    def trim(self, committed: Optional[int] = None) -> None:
-        """The owner's thread only: drop the oldest identities below ``committed`` (by default what
-        ``trim_later`` allowed) while more than ``window`` are held."""
-        if committed is None:
-            committed = self._trim_to
+    def trim(self) -> None:
+        """The owner's thread only: drop the oldest identities below what ``trim_later`` allowed
+        while more than ``window`` are held."""
+        committed = self._trim_to
         ids = self._ids
         excess = len(ids) - self.window
         while excess > 0:
@@ -605,7 +604,7 @@ class Ingest:
                     # a kept message is done when Spark commits past it; a dropped duplicate, when
                     # Spark commits past everything before it
                     self._pending_acks.append(((off + 1) if off is not None else new_head, gen, consumer.token(msg)))
-                settled = self._pending_acks and self._pending_acks[0][0] <= self.committed
+                settled = bool(self._pending_acks) and self._pending_acks[0][0] <= self.committed
             if settled:
                 # Redeliveries of a batch Spark has committed already: a restart's first offset call
                 # commits the last run's final batch before the ingest connects, and the broker then

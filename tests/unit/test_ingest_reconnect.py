@@ -11,14 +11,8 @@ import pytest
 
 from spark_mq.errors import ConnectionClosedError
 from spark_mq.options import SOURCE, parse_options
-from spark_mq.sources.ingest import Ingest
 
-
-def _ingest(tmp_path, fmt="malamute", **extra):
-    base = {"uri": "tcp://127.0.0.1:1", "mailbox": "m"} if fmt == "malamute" else \
-        {"uri": "amqp://guest:guest@127.0.0.1:1/%2F", "queue": "q"}
-    opts = parse_options({**base, "logLocation": str(tmp_path / "log"), **extra}, format=fmt, direction=SOURCE)
-    return Ingest(fmt, opts, connect=None)
+from .test_ingest_groups import _ingest
 
 
 class Consumer:
