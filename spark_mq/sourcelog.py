@@ -256,6 +256,7 @@ class SourceLog:
         self.fs, self.root, is_local = open_filesystem(location)
         self.local = is_local if local is None else (local and is_local)
         self._schema_bytes = schema.serialize().to_pybytes()
+        self._messages = _IpcMessages(schema)  # under ``_lock``
         self._lock = threading.RLock()
         self._segments: list[_Segment] = []
         self._bytes = 0  # body bytes appended (recovered ones included) since open: see _Batch.before
@@ -487,7 +488,6 @@ class SourceLog:
             return self.head
         if self._writer is not None:
             self._writer.check()  # another reader took the log over: write nothing more
-        data = batch.serialize()  # a pyarrow Buffer: written as it is, never copied into bytes
         with self._lock:
             head = self.head
             first = batch.column(batch.schema.get_field_index(OFFSET_COLUMN))[0].as_py()
@@ -495,28 +495,29 @@ class SourceLog:
                 raise SparkMqError(f"append at offset {first} but the log head is {head}")
             if not batch.schema.equals(self.schema):
                 raise SparkMqError("append with a schema other than the log's")
+            data, length = self._messages.message(batch)  # the batch's own buffers, not a copy
             sizes = _body_sizes(batch)
             if self.local:
                 seg = self._segments[-1] if self._segments else None
                 if seg is None or seg.size >= self.segment_bytes:
                     seg = self._new_segment(head)
                 if self._write_behind:
-                    self._unwritten.append((self._fd, data))
-                    self._queued_bytes += len(data)
+                    self._unwritten.append((self._fd, data, length))
+                    self._queued_bytes += length
                 else:
                     _write_all(self._fd, data)
                     self._dirty = True
                 pos = seg.size
-                seg.size += len(data)
+                seg.size += length
             else:
                 name = segment_name(head)
                 seg = _Segment(head, self._path(name), len(self._schema_bytes), len(self._schema_bytes))
                 pos = seg.size
                 self._drop_empty_tail(seg.path)
-                self._write_whole(seg.path, b"".join((self._schema_bytes, data)))
-                seg.size += len(data)
+                self._write_whole(seg.path, b"".join((self._schema_bytes, *data)))
+                seg.size += length
                 self._segments.append(seg)
-            seg.batches.append(_Batch(head, batch.num_rows, pos, len(data), sizes, self._bytes))
+            seg.batches.append(_Batch(head, batch.num_rows, pos, length, sizes, self._bytes))
             self._bytes += sizes[-1]
             return head + batch.num_rows
 
@@ -543,7 +544,7 @@ class SourceLog:
             self._fd = None
         path = self._path(segment_name(first))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
-        _write_all(fd, self._schema_bytes)
+        _write_all(fd, (self._schema_bytes,))
         if self.fsync:
             os.fsync(fd)
             self._fsync_dir()
@@ -567,7 +568,7 @@ class SourceLog:
 
     def defer_writes(self) -> None:
         """Write-behind, for a local fsynced log whose ``sync()`` runs in a thread of its own (the
-        ingest's flusher): ``append`` only serializes and books the batch, and ``sync()`` writes
+        ingest's flusher): ``append`` only books the batch (its IPC message's parts), and ``sync()`` writes
         what was appended before its fsync. The appending thread then goes on with the next group
         while the flusher's thread spends the kernel's copy into the page cache (``os.write`` of
         1 MiB groups of 4 KiB bodies: about a sixth of the ingest thread's busy time, ``py-spy``).
@@ -596,7 +597,7 @@ class SourceLog:
                 raise self._write_failed
             queue = self._unwritten
             while queue and self._queued_bytes - self._written_bytes > keep_bytes:
-                fd, data = queue[0]
+                fd, data, length = queue[0]
                 try:
                     _write_all(fd, data)
                 except OSError as exc:
@@ -604,7 +605,7 @@ class SourceLog:
                     queue.clear()
                     raise
                 queue.popleft()
-                self._written_bytes += len(data)  # after the write: a sync() that sees it fsyncs it
+                self._written_bytes += length  # after the write: a sync() that sees it fsyncs it
 
     def sync(self) -> None:
         """Make every append so far durable (one fsync for the group). Appends may go on meanwhile
@@ -742,13 +743,61 @@ class SourceLog:
 _FS_CACHE: dict = {}
 
 
-def _write_all(fd: int, data) -> None:
-    """``os.write`` until all of ``data`` is written (a regular file may take less at once)."""
-    n = os.write(fd, data)
-    if n < len(data):
-        view = memoryview(data)
-        while n < len(view):
-            n += os.write(fd, view[n:])
+_IOV_MAX = 1024  # Linux's limit on the buffers of one writev
+
+
+def _write_all(fd: int, parts) -> None:
+    """``os.writev`` until all of ``parts`` (bytes-like objects, written in order, end to end) is
+    written: a regular file may take less at once."""
+    parts = list(parts)
+    i = 0
+    while i < len(parts):
+        n = os.writev(fd, parts[i:i + _IOV_MAX])
+        while i < len(parts) and n >= len(parts[i]):
+            n -= len(parts[i])
+            i += 1
+        if n:  # a part written in part: its rest goes first next time
+            parts[i] = memoryview(parts[i])[n:]
+
+
+class _IpcMessages:
+    """Record batches as the parts of their Arrow IPC stream message, without copying them.
+
+    ``batch.serialize()`` copies every buffer of the batch into one new buffer, which the log then
+    copies again into the file. Arrow's stream writer instead hands its sink each buffer of the
+    batch as it is (a ``pa.Buffer`` over the batch's own memory: for Malamute the body column's data
+    is the receive path's buffer) between the small pieces it makes (the message's metadata,
+    padding), and the log writes those parts with one ``writev``. The parts hold the batch's memory
+    until they are written. The bytes are those of ``batch.serialize()`` (a unit test holds them
+    to it). Measured (docs/sources.md): 1 MiB groups of 4 KiB bodies took 340 us of CPU per group
+    to append and write against 400 with the copy, and whole Malamute source runs about 0.6 s less
+    per 1,500,000 x 4 KiB mails. Not thread-safe.
+    """
+
+    closed = False  # the file-object protocol Arrow's ``PythonFile`` asks for
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._parts: list = []
+        self._writer = pa.ipc.new_stream(pa.PythonFile(self, mode="w"), schema)
+        # the stream's schema message goes out with its first batch: an empty one, dropped with it
+        self._writer.write_batch(pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema))
+        self._parts = []
+
+    def write(self, data) -> int:
+        self._parts.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def message(self, batch: pa.RecordBatch) -> tuple[list, int]:
+        """``batch``'s IPC message as ``(parts, length in bytes)``."""
+        self._writer.write_batch(batch)
+        parts, self._parts = self._parts, []
+        return parts, sum(map(len, parts))
 
 
 def read_slice(s: LogSlice, fs: Optional[pafs.FileSystem] = None) -> Iterator[pa.RecordBatch]:

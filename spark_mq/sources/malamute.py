@@ -43,6 +43,7 @@ _DRAIN_WAIT = 0.001  # seconds without a delivery that end the gathering of a gr
 # Arrow's 2 GiB per binary column (the last read may pass it by one receive buffer or one frame)
 _GROUP_BYTES_MAX = 256 << 20
 _BODY_KEEP = 64 << 20  # a body buffer larger than this is kept only while groups use a quarter of it
+_BODIES_KEPT = 8  # body buffers kept for reuse: more than the groups the log holds unwritten (4) and the one received
 
 
 def validate(opts: Options) -> None:
@@ -75,7 +76,7 @@ class MalamuteConsumer:
         # more to answer on this connection (the client re-opens by itself when it does: a broker
         # restart costs nothing) before the connection is given up and the next endpoint tried.
         self._give_up = opts.get("connectTimeout") or 10.0
-        self._body = None  # the BodyBuffer groups are received into (reused)
+        self._bodies: list = []  # the BodyBuffers groups are received into (reused), last used first
         self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver)
         try:
             if opts.get("stream"):
@@ -115,22 +116,27 @@ class MalamuteConsumer:
         return len(taken), deliveries_batch(taken, self.destination, offset, int(time.time() * 1_000_000))
 
     def _body_buffer(self) -> BodyBuffer:
-        """The buffer for the next group: the last one's, emptied, unless a column built over it is
-        still alive (then a new one: the old one stays with its column). A buffer grown far past
+        """The buffer for the next group: the one used last that nothing holds any more, emptied
+        (the log's write-behind holds a group's body buffer until the group is written: a few
+        groups), else a new one. Up to ``_BODIES_KEPT`` are kept for reuse; a buffer grown far past
         what groups take (one large group) is let go."""
-        body = self._body
-        if body is not None:
+        bodies = self._bodies
+        for i, body in enumerate(bodies):
             try:
                 body.data.append(0)  # a bytearray whose memory a column holds cannot be resized
                 body.data.pop()
             except BufferError:
-                body = None
-            else:
-                if len(body.data) > _BODY_KEEP and body.fill < len(body.data) // 4:
-                    body = None
-        if body is None:
-            body = self._body = BodyBuffer()
-        body.fill = 0
+                continue
+            if len(body.data) > _BODY_KEEP and body.fill < len(body.data) // 4:
+                del bodies[i]
+                break
+            del bodies[i]
+            bodies.insert(0, body)
+            body.fill = 0
+            return body
+        body = BodyBuffer()
+        bodies.insert(0, body)
+        del bodies[_BODIES_KEPT:]  # the oldest held one goes with its column
         return body
 
     def row(self, msg, offset: int, now_us: int) -> tuple:

@@ -127,7 +127,7 @@ def test_repeated_equals_the_column_of_the_values(value, type_):
 
 def test_the_body_buffer_is_reused_unless_a_column_still_holds_it():
     consumer = MalamuteConsumer.__new__(MalamuteConsumer)
-    consumer._body = None
+    consumer._bodies = []
     first = consumer._body_buffer()
     first.append(b"x" * 1000)
     assert consumer._body_buffer() is first and first.fill == 0  # nothing holds it: reused, emptied
@@ -147,12 +147,45 @@ def test_a_body_buffer_grown_far_past_what_groups_take_is_let_go(monkeypatch):
 
     monkeypatch.setattr(M, "_BODY_KEEP", 1000)
     consumer = MalamuteConsumer.__new__(MalamuteConsumer)
-    consumer._body = None
+    consumer._bodies = []
     big = consumer._body_buffer()
     big.append(b"x" * 5000)
     assert consumer._body_buffer() is big  # the group that grew it filled it
     big.append(b"x" * 100)
     assert consumer._body_buffer() is not big  # a quarter or less used: a fresh one
+    assert big not in consumer._bodies
+
+
+def test_body_buffers_held_by_unwritten_groups_are_reused_once_written(tmp_path):
+    """The log's write-behind holds each group's body buffer (the IPC message's parts are its
+    memory) until the group is written: the next groups take other buffers, and a written group's
+    buffer is taken again, never a fresh one while one is free; at most ``_BODIES_KEPT`` stay."""
+    import spark_mq.sources.malamute as M
+    from spark_mq.sourcelog import SourceLog
+
+    log = SourceLog(str(tmp_path / "log"), S.source_arrow_schema("malamute"))
+    log.defer_writes()
+    consumer = MalamuteConsumer.__new__(MalamuteConsumer)
+    consumer._bodies = []
+    used = []
+    for i in range(3):
+        body = consumer._body_buffer()
+        used.append(body)
+        taken = Deliveries(body)
+        taken.add({"sender": "s", "address": "b", "subject": "", "tracker": ""}, [b"%d" % i * 100])
+        log.append(deliveries_batch(taken, "b", i, 0))
+        del taken
+    assert len({id(b) for b in used}) == 3  # each unwritten group holds its own
+    log.sync()  # all written: their parts are let go
+    again = consumer._body_buffer()
+    assert again is used[-1] and again.fill == 0  # the last used, free again
+    held = []
+    for i in range(M._BODIES_KEPT + 3):
+        body = consumer._body_buffer()
+        body.append(b"x")
+        held.append(pa.py_buffer(body.data))  # held, as an unwritten group holds it
+    assert len(consumer._bodies) == M._BODIES_KEPT
+    log.close()
 
 
 def test_delivery_fields_are_decoded_once_per_header_and_only_for_deliveries():

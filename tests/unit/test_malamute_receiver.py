@@ -47,7 +47,7 @@ def take_all(rx: MalamuteReceiver) -> list:
 
 def source_of(rx: MalamuteReceiver) -> MalamuteConsumer:
     consumer = MalamuteConsumer.__new__(MalamuteConsumer)  # the source's consumer over this receiver
-    consumer.client, consumer.destination, consumer._body, consumer._give_up = rx, "rx", None, 10.0
+    consumer.client, consumer.destination, consumer._bodies, consumer._give_up = rx, "rx", [], 10.0
     return consumer
 
 

@@ -513,9 +513,9 @@ def test_write_behind_rotation_writes_the_closed_segment_before_its_fsync(tmp_pa
     """A rotation closes the active segment: what was appended to it and not yet written goes in
     first, and the fsync that makes it durable comes after that write."""
     events = []
-    real_write, real_fsync = os.write, os.fsync
-    monkeypatch.setattr(os, "write", lambda fd, data: (events.append(("write", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                       real_write(fd, data))[1])
+    real_write, real_fsync = os.writev, os.fsync
+    monkeypatch.setattr(os, "writev", lambda fd, data: (events.append(("write", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                        real_write(fd, data))[1])
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
                                                  real_fsync(fd))[1])
     log = SourceLog(str(tmp_path / "log"), SCHEMA, segment_bytes=1000)
@@ -528,7 +528,7 @@ def test_write_behind_rotation_writes_the_closed_segment_before_its_fsync(tmp_pa
     assert log.durable_head == 3
     log.sync()
     assert log.durable_head == 4
-    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.setattr(os, "writev", real_write)
     monkeypatch.setattr(os, "fsync", real_fsync)
     log.close()
     assert _reopened_offsets(tmp_path / "log") == [0, 1, 2, 3]
@@ -543,14 +543,14 @@ def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, mon
     log = SourceLog(str(tmp_path / "log"), SCHEMA)
     log.defer_writes()
     log.append(rows(0, 2))
-    real_write, entered, release = os.write, threading.Event(), threading.Event()
+    real_write, entered, release = os.writev, threading.Event(), threading.Event()
 
     def slow_write(fd, data):
         entered.set()
         assert release.wait(10)
         return real_write(fd, data)
 
-    monkeypatch.setattr(os, "write", slow_write)
+    monkeypatch.setattr(os, "writev", slow_write)
     syncing = threading.Thread(target=log.sync)
     syncing.start()
     assert entered.wait(10)
@@ -558,7 +558,7 @@ def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, mon
     assert (log.head, log.durable_head) == (7, 0)
     release.set()
     syncing.join(10)
-    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.setattr(os, "writev", real_write)
     assert log.durable_head in (2, 7)  # the held sync may have written the second batch too, never counted it before
     log.sync()
     assert log.durable_head == 7
@@ -566,16 +566,61 @@ def test_write_behind_sync_covers_only_what_was_appended_before_it(tmp_path, mon
     assert _reopened_offsets(tmp_path / "log") == list(range(7))
 
 
-def test_write_behind_short_writes_are_completed(tmp_path, monkeypatch):
-    real_write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, memoryview(data)[:97]))
+def _short_writev(real_writev, most: int):
+    """``os.writev`` that writes at most ``most`` bytes, as a regular file may."""
+    def writev(fd, parts):
+        out, left = [], most
+        for p in parts:
+            view = memoryview(p)[:left]
+            out.append(view)
+            left -= len(view)
+            if not left:
+                break
+        return real_writev(fd, out)
+    return writev
+
+
+@pytest.mark.parametrize("most", [1, 97, 4096])
+def test_short_writes_are_completed(tmp_path, monkeypatch, most):
+    """A write that takes less than asked (ends inside a part, or between two) goes on where it
+    stopped, with and without write-behind; the segment reads back whole."""
+    for behind in (True, False):
+        path = tmp_path / f"log-{behind}"
+        real_write = os.writev
+        monkeypatch.setattr(os, "writev", _short_writev(real_write, most))
+        log = SourceLog(str(path), SCHEMA)
+        if behind:
+            log.defer_writes()
+        log.append(rows(0, 5, size=300))
+        log.append(rows(5, 2, size=10))
+        log.sync()
+        monkeypatch.setattr(os, "writev", real_write)
+        log.close()
+        assert _reopened_offsets(path) == list(range(7))
+        assert offsets(SourceLog(str(path), SCHEMA).read(0, 7)) == list(range(7))
+
+
+def test_an_append_writes_the_bytes_of_the_batch_serialized(tmp_path):
+    """The log writes a batch's own buffers (no ``serialize()`` copy), and the segment holds
+    exactly ``serialize()``'s bytes after the schema message: sliced batches, nulls, lists, maps and
+    empty bodies included."""
+    batches = [rows(0, 5, size=300), rows(5, 3, size=0)]
+    sliced = rows(0, 10, size=7).slice(4, 3)
+    batches.append(S.build_batch(FMT, [(b"", "s", None, 0, None, True, 8 + i, "x", "y", "", "", None)
+                                       for i in range(2)]))
     log = SourceLog(str(tmp_path / "log"), SCHEMA)
-    log.defer_writes()
-    log.append(rows(0, 5, size=300))
+    for b in batches:
+        log.append(b)
+    import pyarrow.compute as pc
+    log.append(sliced.set_column(6, "offset", pc.add(sliced.column(6), 6)))
     log.sync()
-    monkeypatch.setattr(os, "write", real_write)
+    (path,) = log.segment_paths()
     log.close()
-    assert _reopened_offsets(tmp_path / "log") == list(range(5))
+    expected = SCHEMA.serialize().to_pybytes() + b"".join(b.serialize().to_pybytes() for b in batches)
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:len(expected)] == expected
+    assert data[len(expected):] == sliced.set_column(6, "offset", pc.add(sliced.column(6), 6)).serialize().to_pybytes()
 
 
 def test_write_behind_a_failed_write_is_final(tmp_path, monkeypatch):
@@ -588,22 +633,22 @@ def test_write_behind_a_failed_write_is_final(tmp_path, monkeypatch):
     log.defer_writes()
     log.append(rows(0, 3))
     log.sync()
-    real_write = os.write
+    real_write = os.writev
     calls = []
 
-    def full(fd, data):
-        calls.append(len(data))
+    def full(fd, parts):
+        calls.append(len(parts))
         if len(calls) == 1:
-            return real_write(fd, memoryview(data)[:50])  # part of the message, then the disk is full
+            return _short_writev(real_write, 50)(fd, parts)  # part of the message, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "writev", full)
     log.append(rows(3, 2))
     with pytest.raises(OSError, match="No space"):
         log.sync()
     assert log.durable_head == 3
     log.append(rows(5, 1))
-    monkeypatch.setattr(os, "write", real_write)  # space again: still nothing is written after the tear
+    monkeypatch.setattr(os, "writev", real_write)  # space again: still nothing is written after the tear
     with pytest.raises(OSError, match="No space"):
         log.sync()
     assert log.durable_head == 3
