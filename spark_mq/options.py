@@ -378,7 +378,8 @@ CONNECTION_OPTIONS = define(
                doc="Verify the broker's certificate and host name (false only for tests)."),
     OptionSpec("tlsServerName", OptionType.STRING, formats=_SOCKET, doc="Host name expected in the broker certificate."),
     OptionSpec("heartbeat", OptionType.DURATION, default=30.0, minimum=0, doc=(
-        "Heartbeat interval. amqp08: the connection heartbeat asked of the broker (30 s by default; 0 disables). "
+        "Heartbeat interval. amqp08: the connection heartbeat asked of the broker, in whole seconds (30 s by default; "
+        "0 disables; a fraction rounds up). "
         "malamute: seconds between the client's PINGs, 1 s unless a positive value is given (the 30 s default does "
         "not apply); the broker counts as lost after 4 intervals of silence, at least 4 s. stomp: STOMP 1.0 has no heartbeat, the option is ignored.")),
     OptionSpec("connectTimeout", OptionType.DURATION, default=10.0, minimum=0.1,

@@ -770,8 +770,8 @@ class _IpcMessages:
     padding), and the log writes those parts with one ``writev``. The parts hold the batch's memory
     until they are written. The bytes are those of ``batch.serialize()`` (a unit test holds them
     to it). Measured (docs/sources.md): 1 MiB groups of 4 KiB bodies took 340 us of CPU per group
-    to append and write against 400 with the copy, and whole Malamute source runs about 0.6 s less
-    per 1,500,000 x 4 KiB mails. Not thread-safe.
+    to append and write against 400 with the copy (whole source runs: within the machine's
+    noise). Not thread-safe.
     """
 
     closed = False  # the file-object protocol Arrow's ``PythonFile`` asks for

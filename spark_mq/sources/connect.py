@@ -14,6 +14,8 @@ host first). Errors name the endpoint with the password masked, never the secret
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import unquote, urlsplit
@@ -171,6 +173,12 @@ def _fail(fmt: str, tried: list, errors: list, refused: Optional[list] = None) -
     return ConnectionClosedError(f"cannot connect to any {fmt} broker ({detail})")
 
 
+def _whole_seconds(heartbeat: float) -> int:
+    """AMQP 0-8 negotiates the heartbeat in whole seconds: a fraction rounds up (0.5 s asks for
+    1 s; rounded to the nearest it was 0, which turns heartbeats off)."""
+    return math.ceil(heartbeat) if heartbeat > 0 else 0
+
+
 def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
     """An open ``spark_mq.clients.amqp08.Connection`` to the first endpoint that answers."""
     from spark_mq.clients.amqp08 import Connection
@@ -181,7 +189,7 @@ def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
             return Connection(
                 ep.host, ep.port, username=ep.username or "guest",
                 password=ep.password if ep.password is not None else "guest",
-                virtual_host=ep.virtual_host, heartbeat=int(round(opts.get("heartbeat") or 0)),
+                virtual_host=ep.virtual_host, heartbeat=_whole_seconds(opts.get("heartbeat") or 0),
                 tls=tls_options(opts) if ep.tls else None, connect_timeout=opts.get("connectTimeout") or 10.0,
                 **kwargs)
         except (SparkMqError, OSError) as exc:

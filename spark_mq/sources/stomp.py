@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from spark_mq.errors import OptionError
+from spark_mq.errors import BrokerRefusedError, OptionError
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, prefetch_of
 from spark_mq.sources.connect import connect_stomp
@@ -50,10 +50,16 @@ class StompConsumer:
         self.stable_ids = profile.name != "rabbitmq"
         try:
             self._subscribe()
-        except BaseException:
+        except BaseException as exc:
             # a refused or unanswered SUBSCRIBE: the ingest connects again, and this connection (and
             # a subscription it may hold after all, with deliveries nobody logs) must not stay open
             self.client.close()
+            from spark_mq.protocol.stomp10 import StompError
+            if isinstance(exc, StompError):
+                # an ERROR frame in reply: the broker refused the destination (missing, forbidden),
+                # which retrying cannot mend: a refusal, so the ingest fails after its short grace,
+                # not after brokerTimeout
+                raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self.destination!r}: {exc}") from exc
             raise
         self._paused = False
 

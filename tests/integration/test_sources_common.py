@@ -471,7 +471,8 @@ def test_a_second_query_on_one_log_location_fails_naming_it(spark, rabbitmq, uni
     assert sorted(got) == list(range(250))
 
 
-@pytest.mark.parametrize("case", ["amqp08-password", "stomp-password", "amqp08-missing-queue"])
+@pytest.mark.parametrize("case", ["amqp08-password", "stomp-password", "amqp08-missing-queue",
+                                  "stomp-missing-queue"])
 def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, unique_name, tmp_path, case):
     """A wrong password or a missing queue is not an outage: the query fails after a short grace
     (3 refusals over 10 s), not after brokerTimeout (300 s by default), with the broker's reason and
@@ -483,9 +484,12 @@ def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, un
     if what == "password":
         uri = f"{'amqp' if fmt == 'amqp08' else 'stomp'}://guest:{secret}@{host}:{port}/"
     else:
-        uri = rabbitmq.url("amqp")
+        uri = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp")
     r = spark.readStream.format(fmt).option("uri", uri).option("logLocation", str(tmp_path / "log"))
-    r = r.option("queue", queue) if fmt == "amqp08" else r.option("destination", "/queue/" + queue)
+    if fmt == "amqp08":
+        r = r.option("queue", queue)
+    else:  # /amq/queue/: an existing queue only (RabbitMQ answers SUBSCRIBE with ERROR not_found)
+        r = r.option("destination", ("/amq/queue/" if what == "missing-queue" else "/queue/") + queue)
     t0 = time.monotonic()
     q = finish(r.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start(), case)
     took = time.monotonic() - t0
@@ -493,8 +497,10 @@ def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, un
     assert "Not retried after" in error and "the broker refused what the options ask for" in error, error
     assert took < 60, f"failed after {took:.0f}s: retried as an outage?"
     assert secret not in error
-    if what == "missing-queue":
+    if what == "missing-queue" and fmt == "amqp08":
         assert "404" in error and queue in error, error
+    elif what == "missing-queue":
+        assert "refused SUBSCRIBE" in error and queue in error, error
     elif fmt == "amqp08":
         assert "403" in error or "ACCESS_REFUSED" in error, error
     else:

@@ -170,3 +170,55 @@ def test_a_failed_stomp_subscribe_closes_its_connection(monkeypatch):
     with pytest.raises(ConnectionClosedError):
         stomp_src.StompConsumer(opts)
     assert Client.closed
+
+
+def test_an_error_frame_in_reply_to_subscribe_is_a_refusal(monkeypatch):
+    """The broker answers SUBSCRIBE with ERROR (a missing queue, no permission): a refusal of the
+    options, which the ingest fails after its short grace instead of retrying it as an outage
+    until brokerTimeout; the connection is closed, and the error names the destination and the
+    broker's reason."""
+    import spark_mq.sources.stomp as stomp_src
+    from spark_mq.errors import BrokerRefusedError
+    from spark_mq.protocol.stomp10 import StompError
+    from spark_mq.sources.connect import refusal
+
+    class Profile:
+        cumulative_client_ack, name = True, "rabbitmq"
+
+    class Client:
+        broker = Profile()
+        closed = False
+
+        def subscribe(self, *args, **kwargs):
+            raise StompError("not_found", b"NOT_FOUND - no queue 'gone' in vhost '/'")
+
+        def close(self):
+            Client.closed = True
+
+    monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0: Client())
+    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": "/amq/queue/gone",
+                          "logLocation": "/nonexistent"}, format="stomp", direction=SOURCE)
+    with pytest.raises(BrokerRefusedError) as info:
+        stomp_src.StompConsumer(opts)
+    assert refusal(info.value) and Client.closed
+    assert "/amq/queue/gone" in str(info.value) and "NOT_FOUND - no queue 'gone'" in str(info.value)
+
+
+@pytest.mark.parametrize("asked, sent", [(0, 0), (0.4, 1), (1, 1), (1.5, 2), (30, 30)])
+def test_an_amqp_heartbeat_is_whole_seconds_rounded_up(monkeypatch, asked, sent):
+    """AMQP 0-8 counts the heartbeat in whole seconds: 0.4 s asks for 1 s, never 0 (which turns
+    heartbeats off, as rounding to the nearest did)."""
+    import spark_mq.clients.amqp08 as client_mod
+    from spark_mq.sources.connect import connect_amqp08
+
+    seen = []
+
+    class Connection:
+        def __init__(self, host, port, **kwargs):
+            seen.append(kwargs["heartbeat"])
+
+    monkeypatch.setattr(client_mod, "Connection", Connection)
+    opts = parse_options({"uri": "amqp://127.0.0.1:1/", "queue": "q", "logLocation": "/nonexistent",
+                          "heartbeat": str(asked)}, format="amqp08", direction=SOURCE)
+    connect_amqp08(opts)
+    assert seen == [sent]
