@@ -146,41 +146,10 @@ def test_sockets_probe_a_silent_peer_within_a_minute():
         listener.close()
 
 
-def test_a_failed_stomp_subscribe_closes_its_connection(monkeypatch):
-    """SUBSCRIBE refused or unanswered: the ingest connects again, and this connection (with a
-    subscription it may hold after all) is closed, not left open per retry until brokerTimeout."""
+def _stomp_consumer_refused(monkeypatch, error: BaseException, destination: str):
+    """Build a ``StompConsumer`` over a client whose SUBSCRIBE raises ``error``; returns (what
+    the constructor raised, whether the client was closed)."""
     import spark_mq.sources.stomp as stomp_src
-
-    class Profile:
-        cumulative_client_ack, name = True, "activemq"
-
-    class Client:
-        broker = Profile()
-        closed = False
-
-        def subscribe(self, *args, **kwargs):
-            raise ConnectionClosedError("no RECEIPT for SUBSCRIBE within 10 s (test)")
-
-        def close(self):
-            Client.closed = True
-
-    monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0: Client())
-    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": "/queue/q", "logLocation": "/nonexistent"},
-                         format="stomp", direction=SOURCE)
-    with pytest.raises(ConnectionClosedError):
-        stomp_src.StompConsumer(opts)
-    assert Client.closed
-
-
-def test_an_error_frame_in_reply_to_subscribe_is_a_refusal(monkeypatch):
-    """The broker answers SUBSCRIBE with ERROR (a missing queue, no permission): a refusal of the
-    options, which the ingest fails after its short grace instead of retrying it as an outage
-    until brokerTimeout; the connection is closed, and the error names the destination and the
-    broker's reason."""
-    import spark_mq.sources.stomp as stomp_src
-    from spark_mq.errors import BrokerRefusedError
-    from spark_mq.protocol.stomp10 import StompError
-    from spark_mq.sources.connect import refusal
 
     class Profile:
         cumulative_client_ack, name = True, "rabbitmq"
@@ -190,18 +159,40 @@ def test_an_error_frame_in_reply_to_subscribe_is_a_refusal(monkeypatch):
         closed = False
 
         def subscribe(self, *args, **kwargs):
-            raise StompError("not_found", b"NOT_FOUND - no queue 'gone' in vhost '/'")
+            raise error
 
         def close(self):
             Client.closed = True
 
     monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0: Client())
-    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": "/amq/queue/gone",
-                          "logLocation": "/nonexistent"}, format="stomp", direction=SOURCE)
-    with pytest.raises(BrokerRefusedError) as info:
+    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": destination, "logLocation": "/nonexistent"},
+                         format="stomp", direction=SOURCE)
+    with pytest.raises(Exception) as info:
         stomp_src.StompConsumer(opts)
-    assert refusal(info.value) and Client.closed
-    assert "/amq/queue/gone" in str(info.value) and "NOT_FOUND - no queue 'gone'" in str(info.value)
+    return info.value, Client.closed
+
+
+def test_a_failed_stomp_subscribe_closes_its_connection(monkeypatch):
+    """SUBSCRIBE refused or unanswered: the ingest connects again, and this connection (with a
+    subscription it may hold after all) is closed, not left open per retry until brokerTimeout."""
+    raised, closed = _stomp_consumer_refused(
+        monkeypatch, ConnectionClosedError("no RECEIPT for SUBSCRIBE within 10 s (test)"), "/queue/q")
+    assert type(raised) is ConnectionClosedError and closed
+
+
+def test_an_error_frame_in_reply_to_subscribe_is_a_refusal(monkeypatch):
+    """The broker answers SUBSCRIBE with ERROR (a missing queue, no permission): a refusal of the
+    options, which the ingest fails after its short grace instead of retrying it as an outage
+    until brokerTimeout; the connection is closed, and the error names the destination and the
+    broker's reason."""
+    from spark_mq.errors import BrokerRefusedError
+    from spark_mq.protocol.stomp10 import StompError
+    from spark_mq.sources.connect import refusal
+
+    raised, closed = _stomp_consumer_refused(
+        monkeypatch, StompError("not_found", b"NOT_FOUND - no queue 'gone' in vhost '/'"), "/amq/queue/gone")
+    assert isinstance(raised, BrokerRefusedError) and refusal(raised) and closed
+    assert "/amq/queue/gone" in str(raised) and "NOT_FOUND - no queue 'gone'" in str(raised)
 
 
 @pytest.mark.parametrize("asked, sent", [(0, 0), (0.4, 1), (1, 1), (1.5, 2), (30, 30)])
