@@ -210,7 +210,7 @@ def ingest_section() -> list[str]:
             "alone 0.82 / 0.77 of the raw client against 0.79 / 0.75), and `prefetch=4000` for amqp08 (ingest",
             "alone 0.87 / 0.86 against 0.83 / 0.79; whole source runs of 300,000 x 4 KiB 0.64 / 0.63 against",
             "0.58 / 0.62). What the log's durability costs is the disk's time for its bytes, most at 4 KiB:",
-            "`fsync=false` (the last group lost on a machine crash, nothing on a process crash) takes it out.",
+            "`fsync=false` (nothing more lost on a process crash; on a machine crash, what the kernel had not written back) takes it out.",
             "",
         ]
     return lines

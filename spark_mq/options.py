@@ -463,7 +463,8 @@ SOURCE_OPTIONS = define(
         "Aim for groups of about this many body bytes (the count per group follows the recent body size, "
         "within fsyncMessages): large groups of large bodies cost more CPU per message (measured).")),
     OptionSpec("fsync", OptionType.BOOL, default=True, directions=_SRC,
-               doc="fsync the log (false: faster, loses the last group on a machine crash; not on a process crash)."),
+               doc=("fsync the log (false: faster; a process crash loses nothing more, but a machine crash loses what the "
+                    "kernel had not yet written back, up to the whole uncommitted log, acknowledged messages included).")),
     OptionSpec("segmentBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
                doc="Start a new log segment once the current one holds this many bytes."),
     OptionSpec("dedupWindow", OptionType.INT, default=200_000, minimum=0, directions=_SRC, doc=(
