@@ -468,8 +468,9 @@ SOURCE_OPTIONS = define(
     OptionSpec("segmentBytes", OptionType.SIZE, default=64 << 20, minimum=1, directions=_SRC,
                doc="Start a new log segment once the current one holds this many bytes."),
     OptionSpec("dedupWindow", OptionType.INT, default=200_000, minimum=0, directions=_SRC, doc=(
-        "How many identities of committed messages are remembered (beyond those still in the log) to drop "
-        "redeliveries.")),
+        "How many message ids of committed messages are remembered (beyond those still in the log) to drop "
+        "redeliveries of messages with a stable id. Messages without one are matched by content against "
+        "the deliveries that may come back (at most prefetch of them), not against this window.")),
     OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
                doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
     OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,

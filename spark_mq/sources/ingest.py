@@ -104,12 +104,84 @@ def content_identity(body: bytes, headers) -> int:
 
     Python's 64-bit SipHash, keyed by the process's hash seed (Spark may fix ``PYTHONHASHSEED`` for
     its Python workers; identities are rebuilt from the log when an ingest starts and never leave
-    the process, so no seed needs to match another). A redelivery is looked up among at most the log plus
-    ``dedupWindow`` identities, so a chance collision is of the order of 1e5 / 2**64. A
+    the process, so no seed needs to match another). A redelivery is looked up among at most a few
+    times the prefetch (``_Redeliverable``), so a chance collision is of the order of 1e4 / 2**64. A
     cryptographic hash cost 5x more (measured, 4 KiB: 7.7 us blake2b, 1.5 us here) and released the
     GIL for every body, which next to the client's receiver thread made it the ingest's largest cost."""
     stable = tuple(sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)) if headers else ()
     return hash((len(body), body, stable))
+
+
+class _Redeliverable:
+    """Content identities of the deliveries the broker may still hand out again: what a redelivered
+    message without a stable id is matched against, each identity as many times as it was delivered.
+
+    The broker keeps at most ``prefetch`` (``span``) deliveries per consumer unacknowledged, and takes
+    our acknowledgements in the order we send them, which is the order of delivery (groups oldest
+    first; AMQP's are cumulative). So once the broker has made ``span`` more deliveries, a delivery's
+    ack was taken and it can never come back. When a connection is lost, the deliveries the client
+    received but the ingest never took (``unread``) are the broker's latest: of those the ingest took,
+    only the last ``span - unread`` may come back. They become ``carried``, which the next
+    connection's redeliveries are matched against, each match using one up. Every delivery the
+    ingest took counts, a dropped duplicate too: it is acknowledged like the others, and comes back
+    if that ack is lost. (Matched against every message in the log and the last ``dedupWindow``
+    committed ones instead, as until 2026-11-27, a redelivered message with the body of an earlier
+    one, never logged, was dropped as that one's duplicate: lost.)
+
+    The bound is exact only where the broker holds to its prefetch, as RabbitMQ does (AMQP
+    ``basic.qos``, and its STOMP adapter's ``prefetch-count``). ``carried`` keeps at most ``limit``
+    identities, the oldest dropped first (a delivery the broker gave to another consumer never comes
+    back here). After a restart the process knows nothing of the last one's deliveries: the
+    identities of the last ``span`` messages in the log are carried instead. Owned by the ingest thread."""
+
+    def __init__(self, span: int, limit: int) -> None:
+        self.span = span
+        self.limit = limit
+        self._recent: deque = deque()   # this connection's last ``span`` deliveries taken
+        self._carried: dict = {}        # identity -> deliveries of lost connections still unmatched
+        self._carried_order: deque = deque()
+
+    def delivered(self, key, redelivered: bool) -> bool:
+        """A delivery with content identity ``key``: True when it is a redelivery of one carried."""
+        duplicate = False
+        if redelivered:
+            n = self._carried.get(key, 0)
+            if n:
+                duplicate = True
+                if n == 1:
+                    del self._carried[key]
+                else:
+                    self._carried[key] = n - 1
+        recent = self._recent
+        recent.append(key)
+        if len(recent) > self.span:
+            recent.popleft()
+        return duplicate
+
+    def carry(self, keys) -> None:
+        """Deliveries that may come back (a lost connection's last ones, the log's tail at a restart)."""
+        carried, order = self._carried, self._carried_order
+        for key in keys:
+            carried[key] = carried.get(key, 0) + 1
+            order.append(key)
+        while len(order) > self.limit:
+            key = order.popleft()
+            n = carried.get(key, 0)
+            if n == 1:
+                del carried[key]
+            elif n:
+                carried[key] = n - 1
+
+    def connection_lost(self, unread: int) -> None:
+        """The connection is gone, with ``unread`` deliveries received but never taken."""
+        keep = self.span - unread
+        recent = list(self._recent)
+        self.carry(recent[max(0, len(recent) - keep):] if keep > 0 else ())
+        self._recent = deque()
+
+    @property
+    def carried(self) -> int:
+        return sum(self._carried.values())
 
 
 class _Dedup:
@@ -292,7 +364,8 @@ class Ingest:
         # the messages to ack once durable in durable mode, else None), oldest first
         self._unsynced: deque = deque()
         self._flusher: Optional[_Flusher] = None
-        self._dedup = _Dedup(opts.dedupWindow)
+        self._dedup = _Dedup(opts.dedupWindow)  # stable message ids
+        self._redeliverable = _Redeliverable(max(1, self.prefetch), 4 * max(1, self.prefetch))  # content identities
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
         self._resumed.set()
         self.error: Optional[BaseException] = None
@@ -375,22 +448,24 @@ class Ingest:
             raise self.error
 
     def _load_identities(self) -> None:
-        """Identities of every message still in the log (a restart must recognise their redeliveries).
+        """What a restart must recognise when the broker redelivers it: the message id of every message
+        still in the log, and the content identity of the last ``span`` (``_Redeliverable``).
         Whether the broker's message ids are stable is known only once connected (STOMP on RabbitMQ:
-        they change per session), so both the id and the content identity are kept."""
+        they change per session), so both are kept."""
         head, tail = self.log.head, self.log.tail
         if head == tail or self.fmt in _NO_REDELIVERIES:
             return
         add = self._dedup.add
+        recent_from = max(tail, head - self._redeliverable.span)
+        carried = []
         for batch in self.log.read(tail, head):
             cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
                 if mid is not None:
                     add(mid, offset)
-                add(content_identity(body, headers), offset)
-
-    def _identity_of(self, body, message_id, headers):
-        return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
+                if offset >= recent_from:
+                    carried.append(content_identity(body, headers))
+        self._redeliverable.carry(carried)
 
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
 
@@ -468,6 +543,7 @@ class Ingest:
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
+                    self._redeliverable.connection_lost(self._unread(self._consumer))
                     self._close_consumer()
                     down_since = time.monotonic()
             self._settle_on_stop()
@@ -478,6 +554,15 @@ class Ingest:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    @staticmethod
+    def _unread(consumer) -> int:
+        """Deliveries ``consumer`` received but the ingest never took (0 when it cannot tell: the
+        cautious answer, see ``_Redeliverable.connection_lost``)."""
+        try:
+            return max(0, int(consumer.buffered())) if consumer is not None else 0
+        except Exception:  # noqa: BLE001 - a broken client may not answer; 0 keeps every candidate
+            return 0
 
     def _settle_on_stop(self) -> None:
         """Stopping: acknowledge what became durable (what does not is redelivered, and recognised)."""
@@ -574,21 +659,28 @@ class Ingest:
             rows = []
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
-            check_all = self._stable_ids
+            by_id = self._stable_ids
+            redeliverable = self._redeliverable
             for msg in msgs:
                 self.consumed += 1
                 row = consumer.row(msg, offset, now_us)
                 redelivered = row[5]
                 if redelivered:
                     self.redeliveries += 1
-                key = self._identity_of(row[0], row[2], row[4])
-                # a stable message id is checked for every message; a content hash only for
-                # redeliveries (two sends of the same body are two messages)
-                if (redelivered or (check_all and row[2] is not None)) and key in dedup:
+                mid = row[2]
+                if by_id and mid is not None:
+                    # a stable message id is checked for every message (the producer's id is the identity)
+                    duplicate = mid in dedup
+                    if not duplicate:
+                        dedup.add(mid, offset)
+                else:
+                    # a content hash only for redeliveries (two sends of the same body are two
+                    # messages), and only against deliveries that may come back
+                    duplicate = redeliverable.delivered(content_identity(row[0], row[4]), redelivered)
+                if duplicate:
                     self.duplicates += 1
                     kept_tokens.append((None, msg))
                     continue
-                dedup.add(key, offset)
                 rows.append(row)
                 kept_tokens.append((offset, msg))
                 offset += 1
