@@ -16,8 +16,9 @@ every message), else a hash of body and headers (checked only for redelivered me
 from __future__ import annotations
 
 import time
+from typing import Optional
 
-from spark_mq.errors import OptionError
+from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, prefetch_of
 from spark_mq.sources.connect import connect_amqp08
@@ -66,6 +67,7 @@ class Amqp08Consumer:
             self.conn.close()
             raise
         self._paused = False
+        self._lost: Optional[BaseException] = None
 
     def _declare(self, ch) -> None:
         mode = self.opts.declare
@@ -80,6 +82,8 @@ class Amqp08Consumer:
                 ch.queue_bind(self.queue, exchange, self.opts.get("routingKey") or self.queue)
 
     def poll(self, max_count: int, timeout: float) -> list:
+        if self._lost is not None:
+            raise self._lost
         ch = self.ch
         first = ch.next_message(timeout)
         if first is None:
@@ -87,15 +91,20 @@ class Amqp08Consumer:
         out = [first]
         out.extend(ch.drain(max_count - 1))
         deadline = time.monotonic() + timeout
-        while len(out) < max_count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            msg = ch.next_message(left)
-            if msg is None:
-                break
-            out.append(msg)
-            out.extend(ch.drain(max_count - len(out)))
+        try:
+            while len(out) < max_count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                msg = ch.next_message(left)
+                if msg is None:
+                    break
+                out.append(msg)
+                out.extend(ch.drain(max_count - len(out)))
+        except (SparkMqError, OSError) as exc:
+            # the connection went while gathering: what was gathered is the ingest's to take (it is
+            # unacked, and the broker redelivers it); the next poll raises
+            self._lost = exc
         return out
 
     def row(self, msg, offset: int, now_us: int) -> tuple:

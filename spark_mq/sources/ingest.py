@@ -104,8 +104,8 @@ def content_identity(body: bytes, headers) -> int:
 
     Python's 64-bit SipHash, keyed by the process's hash seed (Spark may fix ``PYTHONHASHSEED`` for
     its Python workers; identities are rebuilt from the log when an ingest starts and never leave
-    the process, so no seed needs to match another). A redelivery is looked up among at most a few
-    times the prefetch (``_Redeliverable``), so a chance collision is of the order of 1e4 / 2**64. A
+    the process, so no seed needs to match another). A redelivery is looked up among at most the log plus
+    ``dedupWindow`` identities, so a chance collision is of the order of 1e5 / 2**64. A
     cryptographic hash cost 5x more (measured, 4 KiB: 7.7 us blake2b, 1.5 us here) and released the
     GIL for every body, which next to the client's receiver thread made it the ingest's largest cost."""
     stable = tuple(sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)) if headers else ()
@@ -113,64 +113,77 @@ def content_identity(body: bytes, headers) -> int:
 
 
 class _Redeliverable:
-    """Content identities of the deliveries the broker may still hand out again: what a redelivered
-    message without a stable id is matched against, each identity as many times as it was delivered.
+    """``contentDedup=inflight``: content identities of the deliveries the broker may still hand out
+    again, which a redelivered message without a stable id is matched against, each delivery once.
 
     The broker keeps at most ``prefetch`` (``span``) deliveries per consumer unacknowledged, and takes
     our acknowledgements in the order we send them, which is the order of delivery (groups oldest
     first; AMQP's are cumulative). So once the broker has made ``span`` more deliveries, a delivery's
-    ack was taken and it can never come back. When a connection is lost, the deliveries the client
-    received but the ingest never took (``unread``) are the broker's latest: of those the ingest took,
-    only the last ``span - unread`` may come back. They become ``carried``, which the next
-    connection's redeliveries are matched against, each match using one up. Every delivery the
-    ingest took counts, a dropped duplicate too: it is acknowledged like the others, and comes back
-    if that ack is lost. (Matched against every message in the log and the last ``dedupWindow``
-    committed ones instead, as until 2026-11-27, a redelivered message with the body of an earlier
-    one, never logged, was dropped as that one's duplicate: lost.)
+    ack was taken and it can come back only if the broker loses that ack (a crash). When a connection
+    is lost, the deliveries the client received but the ingest never took (``unread``) are the broker's
+    latest: of those the ingest took, only the last ``span - unread`` may come back. They are
+    ``carried``: the next connections' redeliveries are matched against them, each match using one
+    up. Every delivery the ingest took counts, a dropped duplicate too: it is acknowledged like the
+    others, and comes back if that ack is lost. The bound holds where the broker keeps to its
+    prefetch, as RabbitMQ does (AMQP ``basic.qos``, its STOMP adapter's ``prefetch-count``).
 
-    The bound is exact only where the broker holds to its prefetch, as RabbitMQ does (AMQP
-    ``basic.qos``, and its STOMP adapter's ``prefetch-count``). ``carried`` keeps at most ``limit``
-    identities, the oldest dropped first (a delivery the broker gave to another consumer never comes
-    back here). After a restart the process knows nothing of the last one's deliveries: the
-    identities of the last ``span`` messages in the log are carried instead. Owned by the ingest thread."""
+    After a restart the process knows nothing of the last one's deliveries (nor its prefetch): every
+    message in the log is carried. ``carried`` holds at most ``limit`` deliveries beyond those, the
+    oldest dropped first (one the broker gave to another consumer never comes back here).
+    Owned by the ingest thread."""
 
     def __init__(self, span: int, limit: int) -> None:
         self.span = span
         self.limit = limit
         self._recent: deque = deque()   # this connection's last ``span`` deliveries taken
-        self._carried: dict = {}        # identity -> deliveries of lost connections still unmatched
-        self._carried_order: deque = deque()
+        # carried deliveries as entries [identity, live], oldest first: all of them, and per identity
+        # (only live ones there: a match takes the identity's oldest, the bound the overall oldest)
+        self._order: deque = deque()
+        self._by_key: dict = {}
+        self._live = 0
 
     def delivered(self, key, redelivered: bool) -> bool:
         """A delivery with content identity ``key``: True when it is a redelivery of one carried."""
         duplicate = False
         if redelivered:
-            n = self._carried.get(key, 0)
-            if n:
+            entries = self._by_key.get(key)
+            if entries:
+                entries.popleft()[1] = False
+                if not entries:
+                    del self._by_key[key]
+                self._live -= 1
                 duplicate = True
-                if n == 1:
-                    del self._carried[key]
-                else:
-                    self._carried[key] = n - 1
         recent = self._recent
         recent.append(key)
         if len(recent) > self.span:
             recent.popleft()
         return duplicate
 
-    def carry(self, keys) -> None:
-        """Deliveries that may come back (a lost connection's last ones, the log's tail at a restart)."""
-        carried, order = self._carried, self._carried_order
+    def carry(self, keys, bounded: bool = True) -> None:
+        """Deliveries that may come back: a lost connection's last ones (``bounded``: the oldest carried
+        go beyond ``limit``), or the log at a restart (all of it)."""
+        order, by_key = self._order, self._by_key
         for key in keys:
-            carried[key] = carried.get(key, 0) + 1
-            order.append(key)
-        while len(order) > self.limit:
-            key = order.popleft()
-            n = carried.get(key, 0)
-            if n == 1:
-                del carried[key]
-            elif n:
-                carried[key] = n - 1
+            entry = [key, True]
+            order.append(entry)
+            by_key.setdefault(key, deque()).append(entry)
+            self._live += 1
+        if bounded:
+            while self._live > self.limit and order:
+                entry = order.popleft()
+                if entry[1]:
+                    entry[1] = False
+                    entries = by_key[entry[0]]
+                    entries.popleft()  # the identity's oldest live entry is this one
+                    if not entries:
+                        del by_key[entry[0]]
+                    self._live -= 1
+        else:
+            self.limit += self._live  # the log's messages stay until matched, on top of the bound
+        while order and not order[0][1]:
+            order.popleft()
+        if len(order) > 2 * self._live + self.span:  # matched entries behind a live one: compact
+            self._order = deque(entry for entry in order if entry[1])
 
     def connection_lost(self, unread: int) -> None:
         """The connection is gone, with ``unread`` deliveries received but never taken."""
@@ -181,7 +194,7 @@ class _Redeliverable:
 
     @property
     def carried(self) -> int:
-        return sum(self._carried.values())
+        return self._live
 
 
 class _Dedup:
@@ -364,8 +377,10 @@ class Ingest:
         # the messages to ack once durable in durable mode, else None), oldest first
         self._unsynced: deque = deque()
         self._flusher: Optional[_Flusher] = None
-        self._dedup = _Dedup(opts.dedupWindow)  # stable message ids
-        self._redeliverable = _Redeliverable(max(1, self.prefetch), 4 * max(1, self.prefetch))  # content identities
+        self._dedup = _Dedup(opts.dedupWindow)
+        # content identities, contentDedup=inflight (with window, they go into _dedup with the ids)
+        self._redeliverable = _Redeliverable(max(1, self.prefetch), 4 * max(1, self.prefetch)) \
+            if opts.get("contentDedup") == "inflight" else None
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
         self._resumed.set()
         self.error: Optional[BaseException] = None
@@ -448,24 +463,26 @@ class Ingest:
             raise self.error
 
     def _load_identities(self) -> None:
-        """What a restart must recognise when the broker redelivers it: the message id of every message
-        still in the log, and the content identity of the last ``span`` (``_Redeliverable``).
+        """What a restart must recognise when the broker redelivers it: every message still in the
+        log, by message id and by content identity (into ``_Redeliverable`` with contentDedup=inflight).
         Whether the broker's message ids are stable is known only once connected (STOMP on RabbitMQ:
         they change per session), so both are kept."""
         head, tail = self.log.head, self.log.tail
         if head == tail or self.fmt in _NO_REDELIVERIES:
             return
         add = self._dedup.add
-        recent_from = max(tail, head - self._redeliverable.span)
         carried = []
         for batch in self.log.read(tail, head):
             cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
                 if mid is not None:
                     add(mid, offset)
-                if offset >= recent_from:
+                if self._redeliverable is not None:
                     carried.append(content_identity(body, headers))
-        self._redeliverable.carry(carried)
+                else:
+                    add(content_identity(body, headers), offset)
+        if self._redeliverable is not None:
+            self._redeliverable.carry(carried, bounded=False)
 
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
 
@@ -543,7 +560,8 @@ class Ingest:
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
-                    self._redeliverable.connection_lost(self._unread(self._consumer))
+                    if self._redeliverable is not None:
+                        self._redeliverable.connection_lost(self._unread(self._consumer))
                     self._close_consumer()
                     down_since = time.monotonic()
             self._settle_on_stop()
@@ -673,10 +691,16 @@ class Ingest:
                     duplicate = mid in dedup
                     if not duplicate:
                         dedup.add(mid, offset)
-                else:
+                elif redeliverable is not None:
                     # a content hash only for redeliveries (two sends of the same body are two
-                    # messages), and only against deliveries that may come back
+                    # messages), and only against deliveries that may come back (contentDedup=inflight)
                     duplicate = redeliverable.delivered(content_identity(row[0], row[4]), redelivered)
+                else:
+                    # ... or against the log and the last dedupWindow committed (contentDedup=window)
+                    key = content_identity(row[0], row[4])
+                    duplicate = redelivered and key in dedup
+                    if not duplicate:
+                        dedup.add(key, offset)
                 if duplicate:
                     self.duplicates += 1
                     kept_tokens.append((None, msg))

@@ -17,8 +17,9 @@ STOMP: availableNow ends after ``quietPeriod`` without messages.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
-from spark_mq.errors import BrokerRefusedError, OptionError
+from spark_mq.errors import BrokerRefusedError, OptionError, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, prefetch_of
 from spark_mq.sources.connect import connect_stomp
@@ -62,24 +63,32 @@ class StompConsumer:
                 raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self.destination!r}: {exc}") from exc
             raise
         self._paused = False
+        self._lost: Optional[BaseException] = None
 
     def _subscribe(self) -> None:
         self.sub = self.client.subscribe(self.destination, ack="auto" if self.auto else "client",
                                          prefetch=None if self.auto else prefetch_of(self.opts))
 
     def poll(self, max_count: int, timeout: float) -> list:
+        if self._lost is not None:
+            raise self._lost
         out = self.client.receive_many(max_count, timeout)
         if not out:
             return out
         deadline = time.monotonic() + timeout
-        while len(out) < max_count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            more = self.client.receive_many(max_count - len(out), left)
-            if not more:
-                break
-            out.extend(more)
+        try:
+            while len(out) < max_count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                more = self.client.receive_many(max_count - len(out), left)
+                if not more:
+                    break
+                out.extend(more)
+        except (SparkMqError, OSError) as exc:
+            # the connection went while gathering: what was gathered is the ingest's to take (it is
+            # unacked, and the broker redelivers it); the next poll raises
+            self._lost = exc
         return out
 
     def row(self, frame, offset: int, now_us: int) -> tuple:
