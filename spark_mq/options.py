@@ -469,16 +469,7 @@ SOURCE_OPTIONS = define(
                doc="Start a new log segment once the current one holds this many bytes."),
     OptionSpec("dedupWindow", OptionType.INT, default=200_000, minimum=0, directions=_SRC, doc=(
         "How many identities of committed messages are remembered (beyond those still in the log) to drop "
-        "redeliveries (message ids; content identities too with contentDedup=window).")),
-    OptionSpec("contentDedup", OptionType.ENUM, default="window", choices=("window", "inflight"),
-               formats={AMQP08, STOMP}, directions=_SRC, doc=(
-                   "How a redelivered message without a stable id (no AMQP message_id; STOMP on RabbitMQ) is "
-                   "recognised by its body and headers. window: dropped if equal to any message in the log or "
-                   "the last dedupWindow committed ones; no duplicate even when a crashed broker hands out again "
-                   "messages it had been acked, but of two messages with equal content one can be lost at a "
-                   "reconnect. inflight: dropped only if equal to a delivery the broker may not have had acked "
-                   "(at most prefetch per lost connection; the whole log after a restart), each once; for "
-                   "messages whose bodies repeat, where window would drop new ones. See docs/guarantees.md.")),
+        "redeliveries.")),
     OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
                doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
     OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,

@@ -112,91 +112,6 @@ def content_identity(body: bytes, headers) -> int:
     return hash((len(body), body, stable))
 
 
-class _Redeliverable:
-    """``contentDedup=inflight``: content identities of the deliveries the broker may still hand out
-    again, which a redelivered message without a stable id is matched against, each delivery once.
-
-    The broker keeps at most ``prefetch`` (``span``) deliveries per consumer unacknowledged, and takes
-    our acknowledgements in the order we send them, which is the order of delivery (groups oldest
-    first; AMQP's are cumulative). So once the broker has made ``span`` more deliveries, a delivery's
-    ack was taken and it can come back only if the broker loses that ack (a crash). When a connection
-    is lost, the deliveries the client received but the ingest never took (``unread``) are the broker's
-    latest: of those the ingest took, only the last ``span - unread`` may come back. They are
-    ``carried``: the next connections' redeliveries are matched against them, each match using one
-    up. Every delivery the ingest took counts, a dropped duplicate too: it is acknowledged like the
-    others, and comes back if that ack is lost. The bound holds where the broker keeps to its
-    prefetch, as RabbitMQ does (AMQP ``basic.qos``, its STOMP adapter's ``prefetch-count``).
-
-    After a restart the process knows nothing of the last one's deliveries (nor its prefetch): every
-    message in the log is carried. ``carried`` holds at most ``limit`` deliveries beyond those, the
-    oldest dropped first (one the broker gave to another consumer never comes back here).
-    Owned by the ingest thread."""
-
-    def __init__(self, span: int, limit: int) -> None:
-        self.span = span
-        self.limit = limit
-        self._recent: deque = deque()   # this connection's last ``span`` deliveries taken
-        # carried deliveries as entries [identity, live], oldest first: all of them, and per identity
-        # (only live ones there: a match takes the identity's oldest, the bound the overall oldest)
-        self._order: deque = deque()
-        self._by_key: dict = {}
-        self._live = 0
-
-    def delivered(self, key, redelivered: bool) -> bool:
-        """A delivery with content identity ``key``: True when it is a redelivery of one carried."""
-        duplicate = False
-        if redelivered:
-            entries = self._by_key.get(key)
-            if entries:
-                entries.popleft()[1] = False
-                if not entries:
-                    del self._by_key[key]
-                self._live -= 1
-                duplicate = True
-        recent = self._recent
-        recent.append(key)
-        if len(recent) > self.span:
-            recent.popleft()
-        return duplicate
-
-    def carry(self, keys, bounded: bool = True) -> None:
-        """Deliveries that may come back: a lost connection's last ones (``bounded``: the oldest carried
-        go beyond ``limit``), or the log at a restart (all of it)."""
-        order, by_key = self._order, self._by_key
-        for key in keys:
-            entry = [key, True]
-            order.append(entry)
-            by_key.setdefault(key, deque()).append(entry)
-            self._live += 1
-        if bounded:
-            while self._live > self.limit and order:
-                entry = order.popleft()
-                if entry[1]:
-                    entry[1] = False
-                    entries = by_key[entry[0]]
-                    entries.popleft()  # the identity's oldest live entry is this one
-                    if not entries:
-                        del by_key[entry[0]]
-                    self._live -= 1
-        else:
-            self.limit += self._live  # the log's messages stay until matched, on top of the bound
-        while order and not order[0][1]:
-            order.popleft()
-        if len(order) > 2 * self._live + self.span:  # matched entries behind a live one: compact
-            self._order = deque(entry for entry in order if entry[1])
-
-    def connection_lost(self, unread: int) -> None:
-        """The connection is gone, with ``unread`` deliveries received but never taken."""
-        keep = self.span - unread
-        recent = list(self._recent)
-        self.carry(recent[max(0, len(recent) - keep):] if keep > 0 else ())
-        self._recent = deque()
-
-    @property
-    def carried(self) -> int:
-        return self._live
-
-
 class _Dedup:
     """Identities of messages in the log, plus the last ``window`` committed ones.
 
@@ -378,9 +293,6 @@ class Ingest:
         self._unsynced: deque = deque()
         self._flusher: Optional[_Flusher] = None
         self._dedup = _Dedup(opts.dedupWindow)
-        # content identities, contentDedup=inflight (with window, they go into _dedup with the ids)
-        self._redeliverable = _Redeliverable(max(1, self.prefetch), 4 * max(1, self.prefetch)) \
-            if opts.get("contentDedup") == "inflight" else None
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
         self._resumed.set()
         self.error: Optional[BaseException] = None
@@ -463,26 +375,22 @@ class Ingest:
             raise self.error
 
     def _load_identities(self) -> None:
-        """What a restart must recognise when the broker redelivers it: every message still in the
-        log, by message id and by content identity (into ``_Redeliverable`` with contentDedup=inflight).
+        """Identities of every message still in the log (a restart must recognise their redeliveries).
         Whether the broker's message ids are stable is known only once connected (STOMP on RabbitMQ:
-        they change per session), so both are kept."""
+        they change per session), so both the id and the content identity are kept."""
         head, tail = self.log.head, self.log.tail
         if head == tail or self.fmt in _NO_REDELIVERIES:
             return
         add = self._dedup.add
-        carried = []
         for batch in self.log.read(tail, head):
             cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
                 if mid is not None:
                     add(mid, offset)
-                if self._redeliverable is not None:
-                    carried.append(content_identity(body, headers))
-                else:
-                    add(content_identity(body, headers), offset)
-        if self._redeliverable is not None:
-            self._redeliverable.carry(carried, bounded=False)
+                add(content_identity(body, headers), offset)
+
+    def _identity_of(self, body, message_id, headers):
+        return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
 
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
 
@@ -560,8 +468,6 @@ class Ingest:
                         raise
                     log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
-                    if self._redeliverable is not None:
-                        self._redeliverable.connection_lost(self._unread(self._consumer))
                     self._close_consumer()
                     down_since = time.monotonic()
             self._settle_on_stop()
@@ -572,15 +478,6 @@ class Ingest:
         finally:
             with self._cond:
                 self._cond.notify_all()
-
-    @staticmethod
-    def _unread(consumer) -> int:
-        """Deliveries ``consumer`` received but the ingest never took (0 when it cannot tell: the
-        cautious answer, see ``_Redeliverable.connection_lost``)."""
-        try:
-            return max(0, int(consumer.buffered())) if consumer is not None else 0
-        except Exception:  # noqa: BLE001 - a broken client may not answer; 0 keeps every candidate
-            return 0
 
     def _settle_on_stop(self) -> None:
         """Stopping: acknowledge what became durable (what does not is redelivered, and recognised)."""
@@ -677,34 +574,21 @@ class Ingest:
             rows = []
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
-            by_id = self._stable_ids
-            redeliverable = self._redeliverable
+            check_all = self._stable_ids
             for msg in msgs:
                 self.consumed += 1
                 row = consumer.row(msg, offset, now_us)
                 redelivered = row[5]
                 if redelivered:
                     self.redeliveries += 1
-                mid = row[2]
-                if by_id and mid is not None:
-                    # a stable message id is checked for every message (the producer's id is the identity)
-                    duplicate = mid in dedup
-                    if not duplicate:
-                        dedup.add(mid, offset)
-                elif redeliverable is not None:
-                    # a content hash only for redeliveries (two sends of the same body are two
-                    # messages), and only against deliveries that may come back (contentDedup=inflight)
-                    duplicate = redeliverable.delivered(content_identity(row[0], row[4]), redelivered)
-                else:
-                    # ... or against the log and the last dedupWindow committed (contentDedup=window)
-                    key = content_identity(row[0], row[4])
-                    duplicate = redelivered and key in dedup
-                    if not duplicate:
-                        dedup.add(key, offset)
-                if duplicate:
+                key = self._identity_of(row[0], row[2], row[4])
+                # a stable message id is checked for every message; a content hash only for
+                # redeliveries (two sends of the same body are two messages)
+                if (redelivered or (check_all and row[2] is not None)) and key in dedup:
                     self.duplicates += 1
                     kept_tokens.append((None, msg))
                     continue
+                dedup.add(key, offset)
                 rows.append(row)
                 kept_tokens.append((offset, msg))
                 offset += 1
