@@ -15,12 +15,11 @@ every message), else a hash of body and headers (checked only for redelivered me
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
-from spark_mq.errors import OptionError, SparkMqError
+from spark_mq.errors import OptionError
 from spark_mq.options import Options
-from spark_mq.sources.base import MQDataSource, prefetch_of
+from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_amqp08
 
 __all__ = ["Amqp08DataSource", "Amqp08Consumer", "connect_consumer", "validate"]
@@ -90,22 +89,12 @@ class Amqp08Consumer:
             return []
         out = [first]
         out.extend(ch.drain(max_count - 1))
-        deadline = time.monotonic() + timeout
-        try:
-            while len(out) < max_count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                msg = ch.next_message(left)
-                if msg is None:
-                    break
-                out.append(msg)
-                out.extend(ch.drain(max_count - len(out)))
-        except (SparkMqError, OSError) as exc:
-            # the connection went while gathering: what was gathered is the ingest's to take (it is
-            # unacked, and the broker redelivers it); the next poll raises
-            self._lost = exc
+        self._lost = gather(out, self._receive, max_count, timeout)
         return out
+
+    def _receive(self, count: int, timeout: float) -> list:
+        msg = self.ch.next_message(timeout)
+        return [] if msg is None else [msg, *self.ch.drain(count - 1)]
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         p = msg.properties

@@ -25,7 +25,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from spark_mq import schema as S
-from spark_mq.errors import OptionError
+from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import SOURCE, Options, parse_options
 from spark_mq.sourcelog import DataLossError, read_slice
 from spark_mq.workerheap import freeze_worker_heap
@@ -92,6 +92,27 @@ def prefetch_of(opts: Options) -> int:
     if opts.get("prefetch"):
         return opts.prefetch
     return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
+
+
+def gather(out: list, receive: Callable[[int, float], list], max_count: int,
+           timeout: float) -> Optional[BaseException]:
+    """Extend a poll's first deliveries ``out`` with ``receive(count, seconds)`` until ``max_count``,
+    ``timeout`` or an empty receive. A connection lost meanwhile is returned, not raised: what was
+    gathered is the ingest's to take (unacked, the broker redelivers it; in auto mode the broker has
+    already forgotten it), and the consumer raises the error at its next poll."""
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < max_count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            more = receive(max_count - len(out), left)
+            if not more:
+                break
+            out.extend(more)
+    except (SparkMqError, OSError) as exc:
+        return exc
+    return None
 
 
 def _data_loss(lo: int, hi: int, location: str, why: str) -> DataLossError:

@@ -16,12 +16,11 @@ STOMP: availableNow ends after ``quietPeriod`` without messages.
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
-from spark_mq.errors import BrokerRefusedError, OptionError, SparkMqError
+from spark_mq.errors import BrokerRefusedError, OptionError
 from spark_mq.options import Options
-from spark_mq.sources.base import MQDataSource, prefetch_of
+from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_stomp
 
 __all__ = ["StompDataSource", "StompConsumer", "connect_consumer", "validate"]
@@ -73,22 +72,8 @@ class StompConsumer:
         if self._lost is not None:
             raise self._lost
         out = self.client.receive_many(max_count, timeout)
-        if not out:
-            return out
-        deadline = time.monotonic() + timeout
-        try:
-            while len(out) < max_count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                more = self.client.receive_many(max_count - len(out), left)
-                if not more:
-                    break
-                out.extend(more)
-        except (SparkMqError, OSError) as exc:
-            # the connection went while gathering: what was gathered is the ingest's to take (it is
-            # unacked, and the broker redelivers it); the next poll raises
-            self._lost = exc
+        if out:
+            self._lost = gather(out, self.client.receive_many, max_count, timeout)
         return out
 
     def row(self, frame, offset: int, now_us: int) -> tuple:
