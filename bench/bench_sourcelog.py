@@ -1,4 +1,4 @@
-"""The source log's own costs, no broker and no Spark: the figures docs/sources.md quotes.
+"""The source log's own costs, no broker and no Spark: the figures docs/performance.md quotes.
 
 1. Group size: CPU per message to build, append and fsync 200,000 x 4 KiB messages in groups of
    256 KiB to 80 MB of bodies (80 MB: 20,000 messages, the count limit alone), every size once per
@@ -8,7 +8,7 @@
    another process drains (as PySpark's worker writes to the JVM's socket), so every byte is read:
    ``read_slice`` (one ``read_at`` per batch message, decoded in place), the same messages from
    the segment memory-mapped (tried on 2026-11-27 so that nothing is copied out of the page cache:
-   no less CPU, a higher peak RSS, not kept; docs/sources.md), and pyarrow's own stream reader over
+   no less CPU, a higher peak RSS, not kept; docs/performance.md), and pyarrow's own stream reader over
    the segment bytes read whole; same run, ``ROUNDS`` rounds interleaved: CPU and peak RSS.
 
     python -m bench sourcelog

@@ -172,7 +172,7 @@ def protocol_table(amqp_url: str, stomp_url: str, mlm_endpoint: str) -> dict:
                   lambda name, n: stomp_raw(stomp_url, "/queue/" + name, n),
                   # the default quiet period (1 s), not _run_source's 0.5 s: twice a 500,000 x 100 B
                   # drain on RabbitMQ ended at 0.5 s of silence after about 5,380 messages: RabbitMQ's STOMP
-                  # adapter pauses up to 0.54 s within a drain (python -m bench.stomp_pauses; docs/sources.md)
+                  # adapter pauses up to 0.54 s within a drain (python -m bench.stomp_pauses; docs/performance.md)
                   lambda name: {"uri": stomp_url, "destination": "/queue/" + name, "quietPeriod": "1"}),
         "malamute": (lambda name, n, s: mlm_preload(mlm_endpoint, name, n, s),
                      lambda name, n: mlm_raw(mlm_endpoint, name, n),

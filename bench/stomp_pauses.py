@@ -1,5 +1,5 @@
 """Does RabbitMQ's STOMP adapter pause its deliveries during a drain? (Not a benchmark: a probe for
-``docs/sources.md``, which explains why an availableNow drain over STOMP needs a quiet period longer
+``docs/performance.md``, which explains why an availableNow drain over STOMP needs a quiet period longer
 than 0.5 s.)
 
     python -m bench.stomp_pauses [--messages=500000] [--rounds=4] [--gap=0.2]

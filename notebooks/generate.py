@@ -31,8 +31,8 @@ spark = (SparkSession.builder.master("local[2]").appName("spark-mq quickstart")
 spark.sparkContext.setLogLevel("ERROR")
 
 import spark_mq
-# After `pip install spark-mq` the formats are registered automatically; registering explicitly is
-# harmless and also covers editable installs and --py-files zips.
+# After `pip install` of the wheel (`./dev dist`) the formats are registered automatically;
+# registering explicitly is harmless and also covers editable installs and --py-files zips.
 spark_mq.register(spark)
 RUN = uuid.uuid4().hex[:6]   # unique names, so the notebook can run again against the same broker'''
 
@@ -209,22 +209,28 @@ spark.stop()'''),
         ("md", "# spark-mq on Databricks and EMR\n\n"
                "spark-mq is pure Python (plus pyzmq for Malamute and pyarrow, which Spark images have). "
                "`--packages` resolves JVM artifacts only; Python packages are installed like this:\n\n"
-               "* **Databricks**: `%pip install spark-mq` in the notebook (or a cluster library from PyPI or a "
-               "wheel in a volume). The notebook's Python environment is the one Spark's Python workers use.\n"
-               "* **EMR** (and EMR Serverless): `sudo pip3 install spark-mq` in a bootstrap action, or pack a "
-               "virtual environment (`venv-pack`) and pass `--archives venv.tar.gz#env` with "
+               "spark-mq is not on PyPI yet: `./dev dist` builds the wheel, "
+               "`spark_mq-<version>-py3-none-any.whl`.\n\n"
+               "* **Databricks**: `%pip install "
+               "/Volumes/<catalog>/<schema>/<volume>/spark_mq-<version>-py3-none-any.whl` in the notebook "
+               "(or the wheel as a cluster library). The notebook's Python environment is the one "
+               "Spark's Python workers use.\n"
+               "* **EMR** (and EMR Serverless): a bootstrap action that copies the wheel from S3 and runs "
+               "`sudo pip3 install spark_mq-<version>-py3-none-any.whl`, or pack a virtual environment "
+               "(`venv-pack -o env.tar.gz`) and pass `--archives env.tar.gz#env` with "
                "`spark.pyspark.python=./env/bin/python`.\n"
                "* **any cluster**: `spark-submit --py-files spark_mq-<version>-py-files.zip job.py` "
                "(from `./dev dist`), with pyarrow and (for Malamute) pyzmq installed on the nodes, and "
                "`spark_mq.register(spark)` in the job: zips on `--py-files` are not auto-registered.\n\n"
                "Put `logLocation` on storage every executor reads (`/Volumes/...`, `/dbfs/...`, `s3://...`; not "
                "`dbfs:/...`, which pyarrow cannot open), "
-               "one directory per query, and keep credentials in a secret scope, not in the notebook. "
+               "one directory per query (this notebook: `SPARK_MQ_BASE`; without it a local temporary directory, "
+               "which only works in local mode), and keep credentials in a secret scope, not in the notebook. "
                "Outside Databricks/EMR this notebook runs against local Spark and an embedded Malamute "
                "broker, which is how the test suite executes it."),
         ("code", '''\
 # Databricks: uncomment on first use (restarts Python)
-# %pip install spark-mq
+# %pip install /Volumes/<catalog>/<schema>/<volume>/spark_mq-<version>-py3-none-any.whl
 import os, sys, tempfile, time, uuid
 ON_DATABRICKS = "DATABRICKS_RUNTIME_VERSION" in os.environ
 ON_EMR = os.path.exists("/emr/instance-controller")
@@ -240,7 +246,7 @@ import spark_mq
 print("registered:", spark_mq.register(spark), "on Spark", spark.version)'''),
         ("code", '''\
 # Where the broker is. On a cluster: a reachable broker and a secret, for example
-#   URI = dbutils.secrets.get("brokers", "rabbitmq-uri")        # amqp://user:pass@host:5672/vhost
+#   URI = dbutils.secrets.get("brokers", "malamute-uri")        # tcp://host:9999
 URI = os.environ.get("SPARK_MQ_MALAMUTE_URI")
 broker = None
 if not URI:
@@ -248,7 +254,11 @@ if not URI:
     broker = Broker(["tcp://127.0.0.1:0"]).start()
     URI = broker.endpoints[0]
 # Shared storage for the source log and the checkpoint, e.g. "/dbfs/spark-mq/orders" or "s3://bucket/spark-mq"
-BASE = os.environ.get("SPARK_MQ_BASE") or tempfile.mkdtemp(prefix="spark-mq-nb-")
+BASE = os.environ.get("SPARK_MQ_BASE")
+if not BASE:
+    if ON_DATABRICKS or ON_EMR:  # a driver-local directory: executors on other nodes could not read the log
+        raise RuntimeError("set SPARK_MQ_BASE to storage every executor reads (/Volumes/..., s3://...)")
+    BASE = tempfile.mkdtemp(prefix="spark-mq-nb-")
 RUN = uuid.uuid4().hex[:6]
 print("broker:", URI.split("@")[-1], "storage:", BASE)'''),
         ("code", '''\

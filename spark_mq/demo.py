@@ -547,21 +547,25 @@ def main(argv: Optional[list] = None) -> int:
     return code
 
 
+def spark_settings(workdir: str) -> dict:
+    """The demo's Spark settings: ``SPARK_DEFAULTS`` (what conf/spark/spark-defaults.conf recommends),
+    no UI, and the quiet log4j2 configuration (written into ``workdir``)."""
+    log_conf = os.path.join(workdir, "log4j2.properties")
+    with open(log_conf, "w") as fh:
+        fh.write(LOG4J2)
+    return {**SPARK_DEFAULTS, "spark.ui.enabled": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log_conf}"}
+
+
 def _spark(master: str, workdir: str):
     from pyspark.sql import SparkSession
     # Python workers (and the lookup of auto-registered formats) run $PYSPARK_PYTHON, else "python3",
     # which may lack pyarrow/spark_mq: use this interpreter unless the user chose one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    log_conf = os.path.join(workdir, "log4j2.properties")
-    with open(log_conf, "w") as fh:
-        fh.write(LOG4J2)
-    spark = (SparkSession.builder.master(master).appName("spark-mq demo")
-             .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_conf}")
-             .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-             .getOrCreate())
+    builder = SparkSession.builder.master(master).appName("spark-mq demo")
+    for key, value in spark_settings(workdir).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -363,14 +363,17 @@ CONNECTION_OPTIONS = define(
     OptionSpec("host", OptionType.LIST, doc=(
         "Broker host, or a comma-separated list host[:port],host[:port] tried in turn on (re)connect.")),
     OptionSpec("port", OptionType.INT, minimum=1, maximum=65535, formats=_SOCKET | {MALAMUTE},
-               doc="Broker port (default: the protocol's: 5672/5671, 61613, 9999); overrides the uri's port "
-                   "(Malamute: a tcp:// uri only)."),
-    OptionSpec("username", OptionType.STRING, formats=_SOCKET, doc="User name (AMQP login / STOMP login)."),
+               doc="Broker port (default: the protocol's, plain/TLS: AMQP 5672/5671, STOMP 61613/61614, "
+                   "Malamute 9999); overrides the uri's port (Malamute: a tcp:// uri only)."),
+    OptionSpec("username", OptionType.STRING, formats=_SOCKET, doc=(
+        "User name (AMQP login / STOMP login). AMQP logs in as guest / guest when neither this, password nor "
+        "the uri gives one; STOMP then sends CONNECT without login and passcode.")),
     OptionSpec("password", OptionType.STRING, secret=True, formats=_SOCKET,
                doc="Password (AMQP) or passcode (STOMP). Never logged or shown."),
     OptionSpec("virtualHost", OptionType.STRING, formats={AMQP08}, doc="AMQP virtual host (default /)."),
     OptionSpec("tls", OptionType.BOOL, default=None, formats=_SOCKET,
-               doc="Use TLS (default: from the URI scheme, or true when any tls* option is given)."),
+               doc=("Use TLS (default: from the URI scheme, or true when tlsCaFile, tlsCertFile or tlsKeyFile is "
+                    "given; tlsVerify and tlsServerName alone do not switch it on).")),
     OptionSpec("tlsCaFile", OptionType.STRING, formats=_SOCKET, doc="PEM file of CA certificates to trust."),
     OptionSpec("tlsCertFile", OptionType.STRING, formats=_SOCKET, doc="PEM client certificate (mutual TLS)."),
     OptionSpec("tlsKeyFile", OptionType.STRING, formats=_SOCKET, doc="PEM private key of the client certificate."),
@@ -479,7 +482,7 @@ SOURCE_OPTIONS = define(
                     "the broker keeps refusing (credentials, permissions, a missing queue or virtual host) fails "
                     "after about 10 s.")),
     OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
-        "availableNow and batch reads: the backlog is drained once nothing arrives for this long "
+        "availableNow (Spark 4.2+) and batch reads: the backlog is drained once nothing arrives for this long "
         "(AMQP availableNow also uses the queue depth). Silence counts only while the broker is free to "
         "send: connected, not paused, from the last acknowledgement (a slow fsync holds the prefetch), and "
         "while the reader process runs. Keep it above the broker's own pauses: RabbitMQ's STOMP adapter was "

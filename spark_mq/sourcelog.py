@@ -769,7 +769,7 @@ class _IpcMessages:
     is the receive path's buffer) between the small pieces it makes (the message's metadata,
     padding), and the log writes those parts with one ``writev``. The parts hold the batch's memory
     until they are written. The bytes are those of ``batch.serialize()`` (a unit test holds them
-    to it). Measured (docs/sources.md): 1 MiB groups of 4 KiB bodies took 340 us of CPU per group
+    to it). Measured (docs/performance.md): 1 MiB groups of 4 KiB bodies took 340 us of CPU per group
     to append and write against 400 with the copy (whole source runs: within the machine's
     noise). Not thread-safe.
     """

@@ -28,7 +28,9 @@ SINK_OPTIONS = define(
     OptionSpec("commitLogLocation", OptionType.STRING, formats=FORMATS, directions=_SNK, doc=(
         "Driver-side directory (local path) where the sink records, per batch id, how many messages and "
         "bytes every partition committed to the broker: one JSON file per batch, replaced (never added to) "
-        "when a batch is committed again, so the record is idempotent by batch id.")),
+        "when a batch is committed again, so the record is idempotent by batch id. Default: "
+        "<checkpointLocation>/spark-mq-sink-commits when checkpointLocation is a local path; otherwise no "
+        "record is kept.")),
     OptionSpec("commitTimeout", OptionType.DURATION, default=120.0, minimum=0.1, formats=FORMATS,
                directions=_SNK, doc=(
                    "How long a task waits for the broker to confirm its transaction (AMQP tx.commit-ok, STOMP "

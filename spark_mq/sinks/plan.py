@@ -59,6 +59,8 @@ def build_plan(
         local = _local_dir(checkpoint)
         if local:
             opts = opts.replace(commitLogLocation=os.path.join(local, COMMIT_LOG_DIR))
+    from spark_mq.sources.connect import endpoints
+    endpoints(opts)  # URI errors here, on the driver, not in every task
     plan_columns = validate(schema, columns, fmt, ignore_extra=opts.ignoreExtraColumns)
     if check is not None:
         check(opts, plan_columns)

@@ -28,6 +28,7 @@ from spark_mq import schema as S
 from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import SOURCE, Options, parse_options
 from spark_mq.sourcelog import DataLossError, read_slice
+from spark_mq.sources.connect import endpoints
 from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources")
@@ -269,7 +270,7 @@ class MQStreamReader(DataSourceStreamReader):
         / 0.32 of the raw client, every 512 MiB (4 batches) 0.37 / 0.38, with half the JVM's CPU. Planning
         at an eighth of the bound again, with the JVM's JIT warmed (1,000,000 x 4 KiB, 5 alternating
         rounds, 2026-11-26): Spark no longer waited in here, but the runs took as long (mean 25.7 s
-        against 25.9 s), the JVM spending the time saved on 3 times the batches (docs/sources.md)."""
+        against 25.9 s), the JVM spending the time saved on 3 times the batches (docs/performance.md)."""
         if ing.target is not None:
             return True
         head = ing.log.durable_head
@@ -456,6 +457,7 @@ class MQDataSource(DataSource):
         opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
         module = importlib.import_module(self.CONNECTOR_MODULE)
         module.validate(opts)
+        endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
         location = opts.get("logLocation")
         if streaming and not location:
             raise OptionError(f"the {self.FORMAT} stream source needs option 'logLocation' (a directory or "

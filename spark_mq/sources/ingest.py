@@ -46,7 +46,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
-from spark_mq.errors import BrokerRefusedError, SparkMqError
+from spark_mq.errors import BrokerRefusedError, OptionError, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
 from spark_mq.sources.connect import refusal
@@ -74,7 +74,7 @@ _UNWATCHED_SLACK = 0.05  # seconds between or past polls that still count as wat
 # 2026-11-27) the ingest thread waited for the disk about 800 times per 1,000,000 x 4 KiB Malamute
 # drain, 2.7-3.6 s in all, while the broker's deliveries queued; at 32 groups 24-30 times (0.3-0.5 s),
 # at 64 a handful (0.02 s). The query's time gained less and not in every run (the machine's 2 cores
-# are the other bound): see docs/sources.md. Of the waiting groups, at most _UNSYNCED_GROUPS are
+# are the other bound): see docs/performance.md. Of the waiting groups, at most _UNSYNCED_GROUPS are
 # also unwritten (held in memory, lost with the process): a thread of the flusher writes each group
 # as it comes, whatever the fsync is doing, and the ingest waits for it should it fall behind.
 _UNSYNCED_GROUPS = 4
@@ -409,6 +409,8 @@ class Ingest:
                     try:
                         consumer = self._connect(attempt)
                     except (SparkMqError, OSError) as exc:
+                        if isinstance(exc, OptionError):
+                            raise  # options it cannot use (checked at load() too): retrying cannot help
                         now = time.monotonic()
                         # A wrong password or queue name is not an outage: fail after a short grace, not
                         # after brokerTimeout. The grace (and a few attempts) because a refusal can be
@@ -432,8 +434,9 @@ class Ingest:
                             raise BrokerUnavailableError(
                                 f"{self.fmt} source: broker unreachable for {now - down_since:.0f}s "
                                 f"(brokerTimeout {limit:.0f}s): {exc}") from exc
-                        attempt += 1
+                        # full jitter over reconnectDelay, then twice that, ... up to reconnectMaxDelay
                         sleep = random.uniform(0, min(self.opts.reconnectMaxDelay, delay * (2 ** min(attempt, 20))))
+                        attempt += 1
                         log.warning("%s source: connect attempt %d failed (%s); retrying in %.2fs",
                                     self.fmt, attempt, exc, sleep)
                         self._stop.wait(sleep)

@@ -60,3 +60,10 @@ def test_conf_files_are_what_the_demo_uses():
             key, value = line.split(None, 1)
             settings[key] = value.strip()
     assert settings == demo.SPARK_DEFAULTS
+
+
+def test_the_demo_runs_with_the_recommended_settings(tmp_path):
+    from spark_mq import demo
+    settings = demo.spark_settings(str(tmp_path))
+    assert {k: settings[k] for k in demo.SPARK_DEFAULTS} == demo.SPARK_DEFAULTS
+    assert (tmp_path / "log4j2.properties").read_text() == demo.LOG4J2

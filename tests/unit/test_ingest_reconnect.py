@@ -213,3 +213,52 @@ def test_an_amqp_heartbeat_is_whole_seconds_rounded_up(monkeypatch, asked, sent)
                           "heartbeat": str(asked)}, format="amqp08", direction=SOURCE)
     connect_amqp08(opts)
     assert seen == [sent]
+
+
+def test_options_the_connect_cannot_use_end_the_ingest_at_once(tmp_path):
+    """An ``OptionError`` from connecting (a URI of another format's scheme) is no outage: the
+    ingest ends with it at the first attempt, where it used to retry it until ``brokerTimeout``.
+    (``load()`` checks the endpoints first: ``test_a_uri_of_another_format_fails_at_load``.)"""
+    from spark_mq.errors import OptionError
+
+    ing = _ingest(tmp_path, brokerTimeout="300")
+    attempts = []
+
+    def connect(attempt):
+        attempts.append(attempt)
+        raise OptionError("option 'uri': scheme 'amqp' is not one of inproc, ipc, tcp (test)")
+
+    ing._connect = connect
+    ing.start()
+    try:
+        assert _wait(lambda: ing.error is not None, 5), "the ingest kept retrying an unusable option"
+        with pytest.raises(OptionError, match="option 'uri'"):
+            ing.check()
+        assert attempts == [0]
+    finally:
+        ing.stop(timeout=5)
+
+
+def test_reconnect_waits_start_at_reconnectDelay_and_double_up_to_the_max(tmp_path, monkeypatch):
+    """Full jitter: each wait is drawn from [0, bound], the first bound ``reconnectDelay`` (it was
+    twice that), then doubling, capped at ``reconnectMaxDelay``."""
+    from spark_mq.sources import ingest as ingest_mod
+
+    bounds = []
+    monkeypatch.setattr(ingest_mod.random, "uniform", lambda lo, hi: bounds.append((lo, hi)) or 0.0)
+    ing = _ingest(tmp_path, reconnectDelay="0.5", reconnectMaxDelay="1.5")
+    failures = iter(range(4))
+    connected = Consumer([b"x"])
+
+    def connect(attempt):
+        if next(failures, None) is not None:
+            raise OSError("connection refused (test)")
+        return connected
+
+    ing._connect = connect
+    ing.start()
+    try:
+        assert _wait(lambda: ing._consumer is connected), "no connection after the failures"
+        assert bounds == [(0, 0.5), (0, 1.0), (0, 1.5), (0, 1.5)]
+    finally:
+        ing.stop(timeout=5)

@@ -243,3 +243,29 @@ def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
     monkeypatch.undo()
     assert stomp_client.StompClient.from_uri("stomp://h:1/orders")._connect_headers == {"host": "orders"}
     assert stomp_client.StompClient.from_uri("stomp://h:1")._connect_headers is None
+
+
+@pytest.mark.parametrize("fmt, options", [
+    ("malamute", {"uri": "amqp://guest:s3cret@h:5672/", "mailbox": "m"}),
+    ("amqp08", {"uri": "stomp://guest:s3cret@h:61613", "queue": "q"}),
+    ("stomp", {"uri": "amqp://h:5672/", "destination": "/queue/q"}),
+    ("amqp08", {"uri": "amqp://guest:s3cret@h:notaport/", "queue": "q"}),
+])
+def test_a_uri_of_another_format_fails_at_load(fmt, options):
+    """The endpoints are checked when the source is defined (``schema()`` runs at ``load()``) and when
+    a sink plans its write (on the driver): the ingest used to meet such a URI only when connecting,
+    and retried it as an outage until ``brokerTimeout``. The password stays out of the message."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from spark_mq.register import data_source_class
+
+    cls = data_source_class(fmt)
+    with pytest.raises(OptionError, match="option 'uri'") as exc:
+        cls({**options, "logLocation": "/tmp/log"}).schema()
+    assert "s3cret" not in str(exc.value)
+    sink = {k: v for k, v in options.items() if k == "uri"}
+    sink.update({"amqp08": {"routingKey": "q"}, "stomp": {"destination": "/queue/q"},
+                 "malamute": {"mailbox": "m"}}[fmt])
+    with pytest.raises(OptionError, match="option 'uri'") as exc:
+        cls(sink).writer(StructType([StructField("body", BinaryType())]), False)
+    assert "s3cret" not in str(exc.value)
