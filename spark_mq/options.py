@@ -359,7 +359,9 @@ CONNECTION_OPTIONS = define(
         "(stomp+ssl://; a path, stomp://host:61613/vhost, is sent as CONNECT's host header, which RabbitMQ takes "
         "as the virtual host), tcp://host:9999 or ipc://path (Malamute). Several comma-separated URIs are tried "
         "in turn (failover). host/port/username/password/virtualHost override its parts. A user or password "
-        "with '/', '?', '#' or '@' must be percent-encoded.")),
+        "with '/', '?', '#' or '@' must be percent-encoded. Spark shows a source's options in its query plans "
+        "(explain(), the UI) and hides this one only once spark_mq.register(spark) has run in the session (or "
+        "spark.sql.redaction.options.regex matches 'uri'); the password option is always hidden.")),
     OptionSpec("host", OptionType.LIST, doc=(
         "Broker host, or a comma-separated list host[:port],host[:port] tried in turn on (re)connect.")),
     OptionSpec("port", OptionType.INT, minimum=1, maximum=65535, formats=_SOCKET | {MALAMUTE},

@@ -25,7 +25,8 @@ import sys
 import types
 from typing import Iterable, Optional
 
-__all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_streaming_sources"]
+__all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_streaming_sources",
+           "redact_uri_options"]
 
 #: format name -> (module, class) of its DataSource
 FORMATS = {
@@ -60,7 +61,34 @@ def register(spark, formats: Optional[Iterable[str]] = None) -> list:
     for cls in classes:
         spark.dataSource.register(cls)
     expose_py_files_to_streaming_sources(spark)
+    redact_uri_options(spark)
     return names
+
+
+#: Spark SQL's option-name redaction regex (``explain()``, the UI's plans), and what it gains here
+REDACTION_CONF = "spark.sql.redaction.options.regex"
+URI_REDACTION = "(?i:^uri$)"
+
+
+def redact_uri_options(spark) -> Optional[str]:
+    """Have ``spark`` hide the value of every option named ``uri`` in its query plans, where a
+    password inside a broker URI would otherwise be shown: Spark prints a source's options in its
+    plans and redacts only those whose name matches ``spark.sql.redaction.options.regex`` (default
+    ``(?i)url``, for JDBC) or whose name or value matches ``spark.redaction.regex`` (``password`` is
+    covered, ``uri`` is not). Extends the session's regex by ``(?i:^uri$)``; returns the new regex,
+    or None when it already had it or the session does not let it be set."""
+    try:
+        current = spark.conf.get(REDACTION_CONF)
+    except Exception:  # noqa: BLE001 - a session without the setting (or a closed one): nothing to extend
+        return None
+    if current and URI_REDACTION in current:
+        return None
+    regex = f"(?:{current})|{URI_REDACTION}" if current else URI_REDACTION
+    try:
+        spark.conf.set(REDACTION_CONF, regex)
+    except Exception:  # noqa: BLE001 - a locked-down session: the docs say how to set it by hand
+        return None
+    return regex
 
 
 #: The SparkFiles subdirectory that pyspark 4.x's driver-side streaming source process uses as its

@@ -119,11 +119,6 @@ def finish(q, name: str):
     return q
 
 
-def figures_of(progress: dict) -> dict:
-    value = progress["sources"][0]["latestOffset"]
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def test_read_limit_partitions_order_and_headers(spark, src, tmp_path):
     dest = src.new_destination()
     src.publish(dest, 0, 3000)
@@ -155,12 +150,15 @@ def test_read_limit_partitions_order_and_headers(spark, src, tmp_path):
             assert numbers == sorted(numbers)
             if src.has_headers:
                 assert all(h.get("n") == b[1:].decode() for _, b, h in part)
+            else:  # Malamute: no header map
+                assert all(h == {} for _, _, h in part)
 
 
 def test_available_now_reads_a_large_backlog_while_it_drains(spark, src, tmp_path):
     """Without a read limit availableNow plans one batch up to its target, unless there are many
     body bytes: once the unplanned log holds half the log's byte bound (``maxUncommittedBytes``), a
-    batch is planned, and executors read it while the ingest drains the rest. Exactly once.
+    batch is planned (so that executors can read it while the ingest drains the rest), not the whole
+    backlog at once. Exactly once.
     ``fsyncMessages=1`` (an append, fsync and ack per message) keeps the drain slower than Spark's
     first batch, as large bodies do, so that there is a rest to drain."""
     n = 2000
@@ -223,7 +221,7 @@ def test_a_large_batch_of_small_bodies_is_split_by_message_count(spark, malamute
 def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
     dest = src.new_destination()
     src.publish(dest, 0, 0)  # declares the AMQP queue
-    df = reader(spark, src, dest, tmp_path / "log", minMessagesPerTrigger=50, maxTriggerDelay="15s")
+    df = reader(spark, src, dest, tmp_path / "log", minMessagesPerTrigger=50, maxTriggerDelay="30s")
     name = f"minmsg_{src.fmt}"
     started = time.monotonic()
     q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -240,12 +238,15 @@ def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
 
     try:
         src.publish(dest, 0, 10)  # fewer than the minimum: held until maxTriggerDelay has passed
-        first = rows_after(10, 90)
-        assert first - started >= 14.5, f"a batch of 10 < minMessagesPerTrigger came after {first - started:.1f}s"
+        first = rows_after(10, 120)
+        assert first - started >= 29.5, f"a batch of 10 < minMessagesPerTrigger came after {first - started:.1f}s"
         published = time.monotonic()
         src.publish(dest, 10, 60)  # the minimum is met: the next trigger takes them, without the delay
-        second = rows_after(70, 90)
-        assert second - published < 15.0, f"a batch over the minimum waited {second - published:.1f}s"
+        # at least the minimum at once (a trigger may come while the last few are still on their way:
+        # those then wait for the delay), far sooner than the 30 s a query ignoring the minimum waits
+        second = rows_after(60, 90)
+        assert second - published < 10.0, f"a batch over the minimum waited {second - published:.1f}s"
+        rows_after(70, 90)
         # the memory sink shows a batch's rows before the query records that batch's progress
         deadline = time.monotonic() + 30
         while True:
@@ -253,7 +254,7 @@ def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
             if sum(sizes) >= 70 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert sizes == [10, 60], sizes
+        assert sizes[0] == 10 and sizes[1] >= 50 and sum(sizes) == 70, sizes
     finally:
         q.stop()
 
@@ -380,6 +381,10 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
         bodies += [b for batch in ing.log.read(committed, head) for b in batch.column("body").to_pylist()]
         assert ing.reconnects >= 1 and ing.redeliveries >= 100, (ing.reconnects, ing.redeliveries)
         assert Counter(bodies) == Counter(body), (len(bodies), ing.redeliveries, ing.duplicates)
+        ing.stop()  # closing gives back whatever was delivered and not acked: nothing may be
+        with Connection.from_url(rabbitmq.url("amqp")) as conn:
+            left = conn.channel().queue_declare(dest.rsplit("/", 1)[-1], passive=True).message_count
+        assert left == 0, f"{left} messages came back to the queue: delivered but never acknowledged"
     finally:
         ing.stop()
         rabbitmq.delete_user(user)
@@ -463,22 +468,39 @@ def test_lost_log_segments_of_a_batch_to_replay(spark, rabbitmq, unique_name, tm
         assert sorted(got) == [(200 + i, f"m{300 + i}".encode()) for i in range(50)]
 
 
-def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, unique_name, tmp_path):
-    secret = "s3cr3t-pw-" + unique_name("x")
+def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path):
+    """The password inside ``uri`` appears in no plan, progress or error. Spark prints a source's
+    options in its plans, redacting only names that match its regexes, which ``uri`` does not: shown
+    here with Spark's default, then hidden once ``spark_mq.register`` has extended the regex. The
+    password is random hex: one with "secret", "password" or "token" in it would be hidden by Spark's
+    own redaction (``spark.redaction.regex`` matches values too), whatever spark-mq did."""
+    import secrets
+
+    import spark_mq
+    from spark_mq.register import REDACTION_CONF
+
+    secret = "zq" + secrets.token_hex(8)
     bad = f"amqp://guest:{secret}@127.0.0.1:1/%2F"  # nothing listens on port 1
-    df = (spark.readStream.format("amqp08").option("uri", bad).option("queue", "q")
-          .option("password", secret).option("logLocation", str(tmp_path / "log"))
-          .option("connectTimeout", "1").option("brokerTimeout", "2").option("reconnectMaxDelay", "0.2").load())
+
+    def load():
+        return (spark.readStream.format("amqp08").option("uri", bad).option("queue", "q")
+                .option("logLocation", str(tmp_path / "log")).option("connectTimeout", "1")
+                .option("brokerTimeout", "2").option("reconnectMaxDelay", "0.2").load())
+
+    spark.conf.set(REDACTION_CONF, "(?i)url")  # Spark's default
+    assert secret in load()._jdf.queryExecution().toString()  # the risk: the check below can fail
+    spark_mq.register(spark)
+    df = load()
     plans = df._jdf.queryExecution().toString()
-    assert secret not in plans
+    assert "amqp08" in plans and "queue=q" in plans  # the source's node and its options are searched
+    assert secret not in plans and "uri=*********(redacted)" in plans
     q = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start()
     try:
         finish(q, "secrets")
         error = str(q.exception())
-        assert "broker unreachable" in error, error
+        assert "broker unreachable" in error and "127.0.0.1" in error, error
         assert secret not in error
         assert secret not in json.dumps(q.recentProgress)
-        assert secret not in q._jsq.toString()
     finally:
         q.stop()
 
@@ -514,12 +536,14 @@ def test_batch_read_drains_and_acks_only_what_it_returns(spark, src):
     opts = {**src.options(dest), "maxMessages": "300", "quietPeriod": "0.5"}
     first = spark.read.format(src.fmt).options(**opts).load()
     rows = first.collect()
-    assert len(first.collect()) == len(rows)  # the DataFrame holds its data: actions repeat identically
+    assert sorted(r.body for r in first.collect()) == sorted(r.body for r in rows)  # actions repeat identically
     second = spark.read.format(src.fmt).options(**opts).load().collect()
     bodies = sorted(r.body for r in rows + second)
     assert bodies == sorted(f"m{i}".encode() for i in range(500))  # nothing lost, nothing twice
     if src.fmt != "malamute":
         assert len(rows) == 300 and len(second) == 200
+    else:  # the client's prefetched deliveries come too (the broker has forgotten them)
+        assert len(rows) >= 300
 
 
 def test_a_second_query_on_one_log_location_fails_naming_it(spark, rabbitmq, unique_name, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -41,9 +42,11 @@ def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp
     assert len(rows) == 50_000
     assert sorted(r.offset for r in rows) == list(range(50_000))
     assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(50_000))
-    r = min(rows, key=lambda r: r.offset)
-    assert r.frames == [r.body, b"second"] and r.sender == "producer" and r.address == "spark-in"
-    assert r.tracker.startswith("t") and r.subject.startswith("subj") and r.destination == "spark-in"
+    for r in rows:  # one producer: the mailbox keeps its order, so message i is at offset i
+        i = int(r.body[1:])
+        assert i == r.offset and r.frames == [r.body, b"second"] and r.tracker == f"t{i}"
+        assert r.subject == f"subj{i % 7}" and r.sender == "producer" and r.address == "spark-in"
+        assert r.destination == "spark-in"
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert max(sizes) <= 20_000, sizes
 
@@ -97,10 +100,18 @@ def test_stream_with_pattern_while_running(spark, malamute_broker, tmp_path):
           .option("pattern", "^temp").option("logLocation", str(tmp_path / "log")).load())
     q = run(spark, df, "mlm_stream", tmp_path / "ckpt", processingTime="200 milliseconds")
     try:
+        # a stream keeps nothing for absent readers: publish once the source says it is connected
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            progress = q.lastProgress
+            if progress and json.loads(progress["sources"][0]["latestOffset"]).get("connected"):
+                break
+            assert q.exception() is None, q.exception()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the stream source did not report itself connected within 120 s")
+        time.sleep(0.5)  # slack: the STREAM-READ is sent before connected is set; its answer may lag
         deadline = time.monotonic() + 60
-        while not q.recentProgress and time.monotonic() < deadline:
-            time.sleep(0.2)  # the source subscribed once the first batch was planned
-        time.sleep(1.0)
         with MalamuteClient(malamute_broker.endpoint, "", timeout=5) as producer:
             producer.set_producer("weather")
             for i in range(1000):

@@ -269,3 +269,32 @@ def test_a_uri_of_another_format_fails_at_load(fmt, options):
     with pytest.raises(OptionError, match="option 'uri'") as exc:
         cls(sink).writer(StructType([StructField("body", BinaryType())]), False)
     assert "s3cret" not in str(exc.value)
+
+
+class _Conf:
+    def __init__(self, values, locked=False):
+        self.values, self.locked = dict(values), locked
+
+    def get(self, key):
+        return self.values[key]
+
+    def set(self, key, value):
+        if self.locked:
+            raise RuntimeError("cannot modify the value of a Spark config (test)")
+        self.values[key] = value
+
+
+def test_registering_hides_uri_options_in_plans_once():
+    """``register`` extends Spark's option redaction regex by the name ``uri`` (the plans then show
+    ``uri=*********(redacted)``; the integration test ``test_secrets_stay_out_of_plans_progress_and_errors``
+    shows it in a real session), keeps what was there, and adds it only once."""
+    from types import SimpleNamespace
+
+    from spark_mq.register import REDACTION_CONF, redact_uri_options
+
+    spark = SimpleNamespace(conf=_Conf({REDACTION_CONF: "(?i)url"}))
+    regex = redact_uri_options(spark)
+    assert regex == spark.conf.values[REDACTION_CONF] == "(?:(?i)url)|(?i:^uri$)"
+    assert redact_uri_options(spark) is None and spark.conf.values[REDACTION_CONF] == regex
+    locked = SimpleNamespace(conf=_Conf({REDACTION_CONF: "(?i)url"}, locked=True))
+    assert redact_uri_options(locked) is None  # a session that refuses the setting still registers
