@@ -20,6 +20,7 @@ from spark_mq.options import Options
 from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, validate
 from spark_mq.sinks.options import parse_sink_options
 from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id
+from spark_mq.sources.connect import endpoints
 
 __all__ = ["build_plan", "SPARK_OPTIONS", "COMMIT_LOG_DIR"]
 
@@ -59,7 +60,6 @@ def build_plan(
         local = _local_dir(checkpoint)
         if local:
             opts = opts.replace(commitLogLocation=os.path.join(local, COMMIT_LOG_DIR))
-    from spark_mq.sources.connect import endpoints
     endpoints(opts)  # URI errors here, on the driver, not in every task
     plan_columns = validate(schema, columns, fmt, ignore_extra=opts.ignoreExtraColumns)
     if check is not None:

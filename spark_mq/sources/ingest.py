@@ -408,9 +408,9 @@ class Ingest:
                 if self._consumer is None:
                     try:
                         consumer = self._connect(attempt)
+                    except OptionError:
+                        raise  # options no connection can use (checked at load() too): retrying cannot help
                     except (SparkMqError, OSError) as exc:
-                        if isinstance(exc, OptionError):
-                            raise  # options it cannot use (checked at load() too): retrying cannot help
                         now = time.monotonic()
                         # A wrong password or queue name is not an outage: fail after a short grace, not
                         # after brokerTimeout. The grace (and a few attempts) because a refusal can be
