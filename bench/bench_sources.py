@@ -346,9 +346,13 @@ def main(argv: list[str]) -> dict:
     from spark_mq.malamute_broker.testing import BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
-    # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do)
-    mailboxes = tempfile.mkdtemp(prefix="bench-mlm-")  # GBs at these counts: removed at the end
-    mlm = BrokerProcess(client_timeout=60.0, mailbox_dir=mailboxes,
+    # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do).
+    # They are kept in memory, as the reference broker (zeromq/malamute) keeps them: the journal of
+    # --mailbox-dir, our broker's extension, cost it 2-3 CPU-s more per 1,500,000 x 4 KiB drain
+    # whichever client drained it: CPU of this 2-core machine that both runs pay for, the CPU-bound
+    # source run the more (scratch A/B of 2026-11-28 in docs/performance.md, "The Malamute broker's
+    # journal"). Until then the benchmark's broker journaled them.
+    mlm = BrokerProcess(client_timeout=60.0,
                         args=("--max-queue", str(max(max(COUNTS["malamute"].values()) * 2, memory_mlm_n))))
     mlm.start()
     from pyspark.sql import SparkSession
@@ -451,7 +455,6 @@ def main(argv: list[str]) -> dict:
     finally:
         spark.stop()
         mlm.stop()
-        shutil.rmtree(mailboxes, ignore_errors=True)
         rabbit._shutdown()
     print(f"median of {rounds} round(s) by ratio;")
     print("source msg/s: query start to end (Spark start-up of the query included); in batches: rows over the")
@@ -467,6 +470,7 @@ def main(argv: list[str]) -> dict:
                   f"{MEMORY_BOUND} messages; reader RSS MiB by quarter of the run: {m['reader_rss_mib_quarters']}, "
                   f"max {m['reader_rss_mib_max']:.0f}")
     figures["warm_up_queries"] = warm_up
+    figures["malamute_mailboxes"] = "in memory"  # the embedded broker without --mailbox-dir (see above)
     figures["warm_workers"] = True  # every measured source run starts with both Python workers running
     figures["warm_up_jit_cpu"] = warm_ups  # per format and size: the JIT's CPU-s in each warm-up query
     write_results("sources", figures, partial=bool(only) or not memory_n or not memory_mlm_n)
