@@ -361,7 +361,8 @@ CONNECTION_OPTIONS = define(
         "in turn (failover). host/port/username/password/virtualHost override its parts. A user or password "
         "with '/', '?', '#' or '@' must be percent-encoded. Spark shows a source's options in its query plans "
         "(explain(), the UI) and hides this one only once spark_mq.register(spark) has run in the session (or "
-        "spark.sql.redaction.options.regex matches 'uri'); the password option is always hidden.")),
+        "spark.sql.redaction.options.regex matches 'uri', as conf/spark/spark-defaults.conf sets it); the password "
+        "option is always hidden.")),
     OptionSpec("host", OptionType.LIST, doc=(
         "Broker host, or a comma-separated list host[:port],host[:port] tried in turn on (re)connect.")),
     OptionSpec("port", OptionType.INT, minimum=1, maximum=65535, formats=_SOCKET | {MALAMUTE},

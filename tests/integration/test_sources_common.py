@@ -489,6 +489,13 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
 
     spark.conf.set(REDACTION_CONF, "(?i)url")  # Spark's default
     assert secret in load()._jdf.queryExecution().toString()  # the risk: the check below can fail
+    # the recommended settings (conf/spark/spark-defaults.conf, the demo's) hide it without register,
+    # for sessions where the formats register themselves
+    from spark_mq.demo import SPARK_DEFAULTS
+    spark.conf.set(REDACTION_CONF, SPARK_DEFAULTS[REDACTION_CONF])
+    recommended = load()._jdf.queryExecution().toString()
+    assert secret not in recommended and "uri=*********(redacted)" in recommended
+    spark.conf.set(REDACTION_CONF, "(?i)url")
     spark_mq.register(spark)
     df = load()
     plans = df._jdf.queryExecution().toString()
