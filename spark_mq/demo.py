@@ -40,6 +40,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spark_mq.register import REDACTION_CONF, SPARK_DEFAULT_REDACTION, with_uri_redaction
+
 __all__ = ["main", "Tally", "make_order", "REGIONS", "PRODUCTS", "EOS_REGION"]
 
 REGIONS = ("eu-west", "eu-north", "us-east", "us-west", "ap-south")
@@ -55,9 +57,9 @@ SPARK_DEFAULTS = {
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Spark's default, (?i)url, extended by uri as spark_mq.register does: a password inside a broker URI
-    # stays out of query plans also where the formats register themselves and nothing calls register
-    "spark.sql.redaction.options.regex": "(?:(?i)url)|(?i:^uri$)",
+    # Spark's default extended by uri, as spark_mq.register does: a password inside a broker URI stays
+    # out of query plans also where the formats register themselves and nothing calls register
+    REDACTION_CONF: with_uri_redaction(SPARK_DEFAULT_REDACTION),
 }
 #: log4j2 configuration of the demo's JVM; conf/logging/log4j2.properties is the same file.
 LOG4J2 = """\

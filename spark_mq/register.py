@@ -26,7 +26,7 @@ import types
 from typing import Iterable, Optional
 
 __all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_streaming_sources",
-           "redact_uri_options"]
+           "redact_uri_options", "with_uri_redaction"]
 
 #: format name -> (module, class) of its DataSource
 FORMATS = {
@@ -68,6 +68,12 @@ def register(spark, formats: Optional[Iterable[str]] = None) -> list:
 #: Spark SQL's option-name redaction regex (``explain()``, the UI's plans), and what it gains here
 REDACTION_CONF = "spark.sql.redaction.options.regex"
 URI_REDACTION = "(?i:^uri$)"
+SPARK_DEFAULT_REDACTION = "(?i)url"  # Spark's default for REDACTION_CONF
+
+
+def with_uri_redaction(current: Optional[str]) -> str:
+    """``current`` (a REDACTION_CONF regex) extended to match the option name ``uri`` too."""
+    return f"(?:{current})|{URI_REDACTION}" if current else URI_REDACTION
 
 
 def redact_uri_options(spark) -> Optional[str]:
@@ -83,7 +89,7 @@ def redact_uri_options(spark) -> Optional[str]:
         return None
     if current and URI_REDACTION in current:
         return None
-    regex = f"(?:{current})|{URI_REDACTION}" if current else URI_REDACTION
+    regex = with_uri_redaction(current)
     try:
         spark.conf.set(REDACTION_CONF, regex)
     except Exception:  # noqa: BLE001 - a locked-down session: the docs say how to set it by hand

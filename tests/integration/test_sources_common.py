@@ -477,7 +477,7 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
     import secrets
 
     import spark_mq
-    from spark_mq.register import REDACTION_CONF
+    from spark_mq.register import REDACTION_CONF, SPARK_DEFAULT_REDACTION
 
     secret = "zq" + secrets.token_hex(8)
     bad = f"amqp://guest:{secret}@127.0.0.1:1/%2F"  # nothing listens on port 1
@@ -487,7 +487,7 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
                 .option("logLocation", str(tmp_path / "log")).option("connectTimeout", "1")
                 .option("brokerTimeout", "2").option("reconnectMaxDelay", "0.2").load())
 
-    spark.conf.set(REDACTION_CONF, "(?i)url")  # Spark's default
+    spark.conf.set(REDACTION_CONF, SPARK_DEFAULT_REDACTION)
     assert secret in load()._jdf.queryExecution().toString()  # the risk: the check below can fail
     # the recommended settings (conf/spark/spark-defaults.conf, the demo's) hide it without register,
     # for sessions where the formats register themselves
@@ -495,7 +495,7 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
     spark.conf.set(REDACTION_CONF, SPARK_DEFAULTS[REDACTION_CONF])
     recommended = load()._jdf.queryExecution().toString()
     assert secret not in recommended and "uri=*********(redacted)" in recommended
-    spark.conf.set(REDACTION_CONF, "(?i)url")
+    spark.conf.set(REDACTION_CONF, SPARK_DEFAULT_REDACTION)
     spark_mq.register(spark)
     df = load()
     plans = df._jdf.queryExecution().toString()
