@@ -41,10 +41,27 @@ apt_install() {
   if [ ! -e "$policy" ] && as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"; then
     own_policy=1
   fi
+  # Should a package script start a daemon all the same (one that ignores policy-rc.d), it is stopped
+  # below: only processes that did not exist before the installation, never one the machine had.
+  local pids_before; pids_before="$(mktemp)"
+  python3 scripts/listeners.py pids >"$pids_before"
   if [ $APT_UPDATED = 0 ]; then apt_get update >/dev/null || rc=$?; APT_UPDATED=1; fi
   if [ $rc = 0 ]; then apt_get install --no-install-recommends "${missing[@]}" >/dev/null || rc=$?; fi
   [ $own_policy = 1 ] && as_root rm -f "$policy"
+  as_root python3 scripts/listeners.py stop-new "$pids_before" >&2 || true
+  rm -f "$pids_before"
   return $rc
+}
+
+# No socket outside loopback may be left by the set-up or the run: snapshot before, check after.
+LISTENERS_BEFORE=""
+listeners_snapshot() {
+  LISTENERS_BEFORE="$(mktemp)"
+  python3 scripts/listeners.py snapshot "$LISTENERS_BEFORE"
+}
+listeners_check() {
+  # listeners_check WHAT: fail when a socket listens outside loopback that was not there at the snapshot
+  python3 scripts/listeners.py check "$LISTENERS_BEFORE" "$1" || die "$1 left a port open outside loopback (above)"
 }
 
 setup_python() {
@@ -99,19 +116,11 @@ setup_brokers() {
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq-server)
   [ -f /usr/share/activemq/bin/activemq.jar ] || need+=(activemq)
   [ ${#need[@]} -eq 0 ] && return 0
-  if apt_install "${need[@]}"; then
-    # Should a package script have started a service anyway (no policy-rc.d support), stop what we started.
-    local svc
-    for svc in "${need[@]}"; do
-      if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
-        as_root systemctl stop "$svc" || true
-      elif command -v service >/dev/null 2>&1; then
-        as_root service "$svc" stop >/dev/null 2>&1 || true
-      fi
-    done
-  else
+  # No "service ... stop" afterwards: policy-rc.d keeps the services from starting, and RabbitMQ's
+  # init script runs rabbitmqctl even to stop a server that is not running, which starts a system
+  # epmd listening on every interface (issue 47). apt_install stops any daemon the installation left.
+  apt_install "${need[@]}" ||
     log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
-  fi
 }
 
 run_pytest() {
@@ -135,19 +144,31 @@ case "$verb" in
   setup)
     setup_java; setup_python; setup_brokers ;;
   test)
+    listeners_snapshot
     setup_java; setup_python; setup_brokers
-    run_pytest "$@" ;;
+    listeners_check "the set-up"
+    rc=0; run_pytest "$@" || rc=$?
+    listeners_check "the tests"
+    exit $rc ;;
   demo)
+    listeners_snapshot
     setup_java; setup_python
-    exec "$VENV/bin/python" -m spark_mq.demo "$@" </dev/null ;;
+    listeners_check "the set-up"
+    rc=0; "$VENV/bin/python" -m spark_mq.demo "$@" </dev/null || rc=$?
+    listeners_check "the demo"
+    exit $rc ;;
   bench)
+    listeners_snapshot
     setup_java; setup_python; setup_brokers
+    listeners_check "the set-up"
     if ! "$VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
       log "installing the bench extra (matplotlib, for the plots) into $VENV"
       "$VENV/bin/python" -m pip install -q -e ".[bench]" --config-settings editable_mode=compat </dev/null >>"$VENV/pip-install.log" 2>&1 ||
         die "pip install -e .[bench] failed (log: $VENV/pip-install.log)"
     fi
-    exec "$VENV/bin/python" -m bench "$@" </dev/null ;;
+    rc=0; "$VENV/bin/python" -m bench "$@" </dev/null || rc=$?
+    listeners_check "the benchmarks"
+    exit $rc ;;
   dist)
     # dist/: the wheel (pip install) and spark_mq-<version>-py-files.zip (spark-submit --py-files)
     setup_python

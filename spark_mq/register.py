@@ -54,12 +54,21 @@ def register(spark, formats: Optional[Iterable[str]] = None) -> list:
     """Register the formats (default: all three) with ``spark``; returns the names registered.
 
     Works with classic sessions and Spark Connect sessions alike (``spark.dataSource.register``).
-    Registering again is harmless: the later registration replaces the earlier one.
+    Registering again is harmless, in any order with the automatic registration: Spark 4.1+ replaces
+    the earlier registration; Spark 4.0 refuses a name that exists (``DATA_SOURCE_ALREADY_EXISTS``),
+    and since the name is then already this package's format (registered automatically or by an
+    earlier call), that refusal counts as done.
     """
+    from spark_mq.compat import is_already_registered
+
     names = list(FORMATS) if formats is None else [formats] if isinstance(formats, str) else list(formats)
     classes = [data_source_class(n) for n in names]  # every import error before any registration
     for cls in classes:
-        spark.dataSource.register(cls)
+        try:
+            spark.dataSource.register(cls)
+        except Exception as exc:  # noqa: BLE001 - only Spark 4.0's "already exists" is tolerated
+            if not is_already_registered(exc):
+                raise
     expose_py_files_to_streaming_sources(spark)
     redact_uri_options(spark)
     return names

@@ -32,28 +32,24 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceArrowWriter, DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
 
+from spark_mq.compat import CAPS, DataSourceStreamArrowWriter, arrow_schema_of
 from spark_mq.options import Options
 from spark_mq.sinks import commitlog, connections
 from spark_mq.sinks.columns import ColumnPlan
 from spark_mq.workerheap import freeze_worker_heap
 
-try:  # pyspark 4.1+
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-except ImportError:  # pragma: no cover - pyspark 4.0
-    DataSourceStreamArrowWriter = None
 
 log = logging.getLogger("spark_mq.sinks")
 
 __all__ = [
     "QUERY_ID_PROPERTY", "BATCH_ID_PROPERTY", "SinkCommitMessage", "Session", "Encoder", "SinkPlan",
-    "write_partition", "make_writer", "make_stream_writer", "rows_to_batches", "HAS_STREAM_ARROW_WRITER",
+    "write_partition", "make_writer", "make_stream_writer", "rows_to_batches", "HAS_STREAM_ARROW_WRITER", "arrow_schema_of",
 ]
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
-HAS_STREAM_ARROW_WRITER = DataSourceStreamArrowWriter is not None
+HAS_STREAM_ARROW_WRITER = CAPS.stream_arrow_writer
 #: Rows per Arrow batch when the Row writer (pyspark < 4.1) regroups rows.
 ROW_WRITER_BATCH_ROWS = 10_000
 #: An Arrow batch is encoded in slices of about this many flushBytes, bounding the Python objects alive.
@@ -343,8 +339,3 @@ def make_stream_writer(plan: SinkPlan, *, arrow: Optional[bool] = None) -> DataS
         return StreamArrowWriter(plan)
     return StreamRowWriter(plan)
 
-
-def arrow_schema_of(schema: StructType) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(schema, timezone="UTC")

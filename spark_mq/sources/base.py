@@ -25,6 +25,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from spark_mq import schema as S
+from spark_mq.compat import CAPS, ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import SOURCE, Options, parse_options
 from spark_mq.sourcelog import DataLossError, read_slice
@@ -33,15 +34,9 @@ from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources")
 
-try:  # Spark 4.2+: read limits and the availableNow mixin
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow,
-    )
-    HAS_READ_LIMITS = True
-except ImportError:  # Spark 4.0/4.1: limits come from the options only, no availableNow
-    ReadAllAvailable = ReadMaxBytes = ReadMaxRows = ReadMinRows = None
-    SupportsTriggerAvailableNow = None
-    HAS_READ_LIMITS = False
+# Spark 4.2+ (or a vendor's backport): read limits and the availableNow mixin; otherwise limits come
+# from the options only and availableNow is one batch (see spark_mq.compat)
+HAS_READ_LIMITS = CAPS.read_limits
 
 __all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS", "partition_count"]
 
@@ -377,7 +372,7 @@ class MQStreamReader(DataSourceStreamReader):
             self._ingest = None
 
 
-if SupportsTriggerAvailableNow is not None:
+if CAPS.available_now:
     class MQStreamReaderAvailableNow(MQStreamReader, SupportsTriggerAvailableNow):
         """The stream reader with Trigger.AvailableNow support (Spark 4.2+)."""
     STREAM_READER = MQStreamReaderAvailableNow
