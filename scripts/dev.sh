@@ -123,6 +123,12 @@ setup_brokers() {
     log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
 }
 
+setup_matrix() {
+  # One virtual environment per older Spark minor for the version matrix (.venv-spark-<minor>/, cached;
+  # the newest is .venv itself): tests/integration/test_spark_versions.py installs the wheel into each.
+  "$PY" scripts/spark_matrix.py venvs </dev/null || die "could not create the Spark version matrix's venvs"
+}
+
 run_pytest() {
   # Whole tests/ tree unless paths are given; extra arguments go to pytest. Exit code 5 (nothing collected)
   # is a failure too: a suite that silently lost its tests must not pass CI.
@@ -142,10 +148,10 @@ run_pytest() {
 verb="${1:-help}"; shift || true
 case "$verb" in
   setup)
-    setup_java; setup_python; setup_brokers ;;
+    setup_java; setup_python; setup_brokers; setup_matrix ;;
   test)
     listeners_snapshot
-    setup_java; setup_python; setup_brokers
+    setup_java; setup_python; setup_brokers; setup_matrix
     listeners_check "the set-up"
     rc=0; run_pytest "$@" || rc=$?
     listeners_check "the tests"

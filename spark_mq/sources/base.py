@@ -163,6 +163,8 @@ class MQStreamReader(DataSourceStreamReader):
         self._connector = connector       # picklable: a module-level function (opts, attempt) -> Consumer
         self._ingest = None
         self._last_end: Optional[int] = None
+        self._answered = False            # latestOffset has answered in this run
+        self._one_batch_end: Optional[int] = None  # Spark < 4.2: the first batch's end (the backlog at start)
         self._last_batch_time: Optional[float] = None
         self._started_at: Optional[float] = None
 
@@ -201,10 +203,14 @@ class MQStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         ing = self._engine()
         ing.resume_at(ing.log.tail)  # a new query: it starts where the log does
+        if self._last_end is None:
+            # Spark < 4.2 calls latestOffset() without a start: a new query's first batch starts
+            # here, so its read limits apply from this offset
+            self._last_end = ing.log.tail
         return {"offset": ing.log.tail}
 
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
-        first_call = self._last_end is None
+        first_call = not self._answered
         ing = self._engine()
         limited = True
         if start is not None:
@@ -230,7 +236,10 @@ class MQStreamReader(DataSourceStreamReader):
             # it has planned a next batch, which needs new data: in commit mode a broker that holds
             # deliveries back until the acks (prefetch; ActiveMQ earlier) would never send it.
             ing.commit(s)
-        if first_call:
+        if first_call and not CAPS.available_now:
+            self._first_batch_of_one_batch_triggers(ing, s)
+            limited = False  # the whole backlog present at start, as a once/availableNow batch needs
+        elif first_call:
             if not ing._available_now:
                 # availableNow plans by its own rule below; this wait would hold its first batch
                 # until no group is unsynced, which in a long drain is when the log bound pauses the
@@ -243,13 +252,50 @@ class MQStreamReader(DataSourceStreamReader):
         end = ing.log.durable_head
         if ing.target is not None:
             end = min(end, max(ing.target, s))
+        elif self._one_batch_end is not None:
+            end = min(end, max(self._one_batch_end, s))
+            self._one_batch_end = None
         if limited and not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
             end = self._apply_limits(ing, s, end)
+        elif self.opts.get("ackMode") == "commit" and end > s:
+            # commit mode's acks come when Spark plans the next batch: even an unlimited batch leaves
+            # room in the prefetch for the deliveries whose planning commits it
+            end = min(end, s + self._max_messages())
         if end > s:
             self._last_batch_time = time.monotonic()
+        self._answered = True
         self._last_end = max(end, s)
         ing.planned_end = max(ing.planned_end, self._last_end)
         return {"offset": self._last_end}
+
+    def _first_batch_of_one_batch_triggers(self, ing, s: int) -> None:
+        """Spark without ``SupportsTriggerAvailableNow`` (Apache 4.0, 4.1) runs ``trigger(once=True)``
+        and ``trigger(availableNow=True)`` as one batch (SPARK-45178), planned by the run's first
+        ``latestOffset()``, and the source cannot tell those triggers from a repeating one. So on
+        such a Spark the first batch of every run holds what was available when the run started, as
+        Spark 4.2's ``once`` does (read limits do not apply to it): the ingest fixes the availableNow
+        target (the queue depth where the broker tells it, else a quiet period) and this call waits
+        for it, or for the log's bounds (``maxUncommittedMessages``/``Bytes``), or for commit mode's
+        prefetch, whichever comes first. ``maxMessagesPerTrigger`` and the other limits apply from
+        the run's second batch. docs/compatibility.md."""
+        self._wait_first(ing)  # connected and a first look at the broker (a refused login fails here)
+        if any(self.opts.get(k) is not None for k in ("maxMessagesPerTrigger", "maxBytesPerTrigger",
+                                                      "minMessagesPerTrigger")):
+            log.warning("%s source: this pyspark (%s) has no availableNow support for Python sources, so the "
+                        "first batch of a run takes everything available at its start; the read limits "
+                        "(maxMessagesPerTrigger, maxBytesPerTrigger, minMessagesPerTrigger) apply from the "
+                        "second batch", self.fmt, CAPS.pyspark_version)
+        ing.prepare_available_now()
+
+        def ready() -> bool:
+            return ing.target is not None or ing.paused or ing.over_bound() or ing.starved() \
+                or ing.waiting_for_commit()
+
+        try:
+            ing.wait_for(ready, _AVAILABLE_NOW_WAIT)
+            self._one_batch_end = ing.target
+        finally:
+            ing.end_available_now()  # later batches of a repeating trigger take what comes
 
     def _available_now_ready(self, ing, s: int, limit) -> bool:
         """availableNow plans full batches: all up to the target in one batch, as Kafka's source does,

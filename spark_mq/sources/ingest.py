@@ -760,6 +760,15 @@ class Ingest:
         self._available_now = True
         self.wait_for(lambda: not self._want_depth or not self.connected, self.opts.connectTimeout + 5.0)
 
+    def end_available_now(self) -> None:
+        """Forget the availableNow target: the next batches take whatever comes (Spark < 4.2 fixes one
+        for a run's first batch only, see ``MQStreamReader._first_batch_of_one_batch_triggers``)."""
+        self._available_now = False
+        self._want_depth = False
+        self.target = None
+        self._target_consumed = None
+        self._reached_at = None
+
     def _count_target(self, consumer) -> None:
         try:
             with self._consumer_lock:  # commit-mode acks use the same channel from another thread

@@ -67,3 +67,31 @@ def test_the_demo_runs_with_the_recommended_settings(tmp_path):
     settings = demo.spark_settings(str(tmp_path))
     assert {k: settings[k] for k in demo.SPARK_DEFAULTS} == demo.SPARK_DEFAULTS
     assert (tmp_path / "log4j2.properties").read_text() == demo.LOG4J2
+
+
+@pytest.mark.parametrize("rel", ["README.md", "docs/getting-started.md"])
+def test_compatibility_table_is_fresh(rel):
+    """The Spark x feature table says what the version matrix (scripts/spark_matrix.py, checked release by
+    release in tests/integration/test_spark_versions.py) tests; regenerate with ``python scripts/gen_docs.py``."""
+    gen = _load(ROOT / "scripts" / "gen_docs.py")
+    text = (ROOT / rel).read_text()
+    assert gen.COMPAT_BEGIN in text and gen.COMPAT_END in text, f"{rel} lost its compatibility table markers"
+    assert text == gen.with_compatibility_table(text), f"{rel}: the compatibility table is stale: run " \
+                                                        f"`python scripts/gen_docs.py` and commit the result"
+    import spark_matrix
+    for r in spark_matrix.RELEASES:
+        assert f"| {r.minor} ({r.version}) |" in text
+
+
+def test_pyproject_states_the_tested_range():
+    """pyproject's pyspark range is the minors the matrix tests: from the oldest to the newest."""
+    import tomllib
+
+    import spark_matrix
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pyspark = next(d for d in deps if d.startswith("pyspark"))
+    oldest = spark_matrix.RELEASES[0]
+    newest = spark_matrix.RELEASES[-1]
+    major, minor = newest.minor.split(".")
+    assert pyspark.replace(" ", "") == f"pyspark>={oldest.minor},<{major}.{int(minor) + 1}", pyspark
+    assert [r.minor for r in spark_matrix.RELEASES] == ["4.0", "4.1", "4.2", "4.3"]

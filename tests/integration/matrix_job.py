@@ -1,0 +1,276 @@
+"""One step of the Spark version matrix, run by a matrix venv's python with the built wheel installed.
+
+Run by tests/integration/test_spark_versions.py, never collected by pytest (no ``test_`` prefix) and
+never importing from the checkout: what runs is the wheel, as a user would install it.
+
+    python matrix_job.py PHASE CONFIG.json
+
+Phases (each one SparkSession, ``local[2]``, all three formats):
+- ``main``: automatic registration, then ``spark_mq.register`` twice; batch write and batch read;
+  stream read with ``maxMessagesPerTrigger`` into the format's stream sink; ``trigger(once=True)``;
+  ``trigger(availableNow=True)``.
+- ``kill``: starts one query per format (source -> parquet file sink, small batches) and prints
+  ``READY`` once each has committed batches and has more to read; the test then SIGKILLs it.
+- ``resume``: first continues the upgrade queries a ``resume`` on an older release left mid-run
+  (when the config names them), then restarts the ``kill`` queries from their checkpoints, runs them
+  until every message is in the sink, and reports what the sinks hold; finally, when the config asks
+  for it, starts the upgrade queries for the next release and exits without stopping them (a kill).
+Results go to stdout as ``REPORT <json>`` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+CONFIG = json.loads(open(sys.argv[2]).read())
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+WAIT = 240.0  # seconds a query may take to reach its count (a busy 2-core machine)
+FORMATS = ("amqp08", "stomp", "malamute")
+
+
+def report(what: str, **data) -> None:
+    print("REPORT " + json.dumps({"what": what, **data}), flush=True)
+
+
+def session() -> SparkSession:
+    return (SparkSession.builder.master("local[2]").appName(f"spark-mq-matrix-{sys.argv[1]}")
+            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+            .getOrCreate())
+
+
+def target(fmt: str, name: str) -> dict:
+    """Options naming destination ``name`` of format ``fmt`` (the test made the AMQP queues)."""
+    uri = CONFIG["uris"][fmt]
+    if fmt == "amqp08":
+        return {"uri": uri, "queue": name, "exchange": "", "routingKey": name}
+    if fmt == "stomp":
+        return {"uri": uri, "destination": f"/queue/{name}"}
+    return {"uri": uri, "mailbox": name}
+
+
+def source_options(fmt: str, name: str) -> dict:
+    opts = target(fmt, name)
+    opts.pop("exchange", None)
+    opts.pop("routingKey", None)
+    return opts
+
+
+def sink_options(fmt: str, name: str) -> dict:
+    opts = target(fmt, name)
+    opts.pop("queue", None)
+    return opts
+
+
+def bodies(prefix: str, n: int) -> list:
+    return [f"{prefix}-{i:06d}" for i in range(n)]
+
+
+def batch_write(spark, fmt: str, name: str, values: list) -> None:
+    df = spark.createDataFrame([(v,) for v in values], "body string").repartition(2)
+    df.write.format(fmt).options(**sink_options(fmt, name)).mode("append").save()
+
+
+def batch_read(spark, fmt: str, name: str, expect: int) -> list:
+    """Every body in ``name`` (a batch read drains what is there; read again until ``expect`` came)."""
+    got: list = []
+    deadline = time.monotonic() + 60
+    while len(got) < expect and time.monotonic() < deadline:
+        rows = (spark.read.format(fmt).options(**source_options(fmt, name)).option("quietPeriod", "2s")
+                .load().select(F.col("body").cast("string").alias("b")).collect())
+        got += [r.b for r in rows]
+    return got
+
+
+def sorted_progress(query) -> list:
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def wait_rows(query, count_fn, expect: int, what: str) -> int:
+    deadline = time.monotonic() + WAIT
+    n = count_fn()
+    while n < expect:
+        if query.exception() is not None:
+            raise RuntimeError(f"{what}: the query failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {n} of {expect} rows after {WAIT:.0f} s")
+        time.sleep(0.5)
+        n = count_fn()
+    return n
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def auto_registered(spark, fmt: str) -> str:
+    """Before any register call: does format(fmt) resolve? It does when pyspark registered the wheel's
+    ``pyspark_<fmt>`` module itself; our option check then answers, not Spark's lookup."""
+    try:
+        spark.read.format(fmt).option("noSuchOption", "1").load()
+    except Exception as exc:  # noqa: BLE001 - the message says who answered
+        text = str(exc)
+        if "nosuchoption" in text.lower():
+            return "ok"
+        return text[:400]
+    return "loaded without an error"
+
+
+def main(spark) -> None:
+    import spark_mq
+    from spark_mq.compat import CAPS
+
+    report("capabilities", **CAPS.as_dict())
+    report("auto_registration", result={fmt: auto_registered(spark, fmt) for fmt in FORMATS})
+    spark_mq.register(spark)
+    spark_mq.register(spark)  # twice, after the automatic registration: never an error
+    report("register_twice", result="ok")
+    work = CONFIG["work"]
+    for fmt in FORMATS:
+        names = CONFIG["names"][fmt]
+        # batch write, then batch read
+        values = bodies(f"{fmt}-bw", 300)
+        batch_write(spark, fmt, names["batch"], values)
+        got = batch_read(spark, fmt, names["batch"], len(values))
+        report("batch_write_read", format=fmt, sent=len(values), read=len(got), exact=sorted(got) == values)
+
+        # stream read with maxMessagesPerTrigger into this format's stream sink
+        values = bodies(f"{fmt}-sr", 600)
+        query = (spark.readStream.format(fmt).options(**source_options(fmt, names["stream_in"]))
+                 .option("logLocation", f"{work}/{fmt}-stream-log").option("maxMessagesPerTrigger", 200).load()
+                 .select("body").writeStream.format(fmt).options(**sink_options(fmt, names["stream_out"]))
+                 .option("checkpointLocation", f"{work}/{fmt}-stream-ckpt").trigger(processingTime="500 milliseconds")
+                 .start())
+        try:
+            # sent once the query runs: on a Spark without availableNow support the first batch of a run
+            # takes the whole backlog present at its start (docs/compatibility.md), later ones obey the cap
+            wait_rows(query, lambda: len(query.recentProgress), 1, f"{fmt} stream start")
+            batch_write(spark, fmt, names["stream_in"], values)
+            wait_rows(query, lambda: sum(sorted_progress(query)), len(values), f"{fmt} stream")
+        finally:
+            query.stop()
+        batches = sorted_progress(query)
+        got = batch_read(spark, fmt, names["stream_out"], len(values))
+        report("stream_read_write", format=fmt, batches=batches, cap=200, read=len(got),
+               exact=sorted(got) == values)
+
+        # the one-batch triggers: once, and availableNow (many batches only where Spark supports it)
+        for trigger in ("once", "availableNow"):
+            values = bodies(f"{fmt}-{trigger}", 250)
+            batch_write(spark, fmt, names[trigger], values)
+            table = f"{fmt}_{trigger}"
+            query = (spark.readStream.format(fmt).options(**source_options(fmt, names[trigger]))
+                     .option("logLocation", f"{work}/{fmt}-{trigger}-log").option("maxMessagesPerTrigger", 100)
+                     .load().select(F.col("body").cast("string").alias("b"))
+                     .writeStream.format("memory").queryName(table)
+                     .option("checkpointLocation", f"{work}/{fmt}-{trigger}-ckpt")
+                     .trigger(**{trigger: True}).start())
+            finished = query.awaitTermination(WAIT)
+            if not finished:
+                query.stop()
+            rows = sorted(r.b for r in spark.table(table).collect())
+            report("trigger", format=fmt, trigger=trigger, finished=bool(finished), batches=sorted_progress(query),
+                   rows=len(rows), exact_prefix=rows == values[:len(rows)], error=str(query.exception() or ""))
+
+
+# -- kill / resume -------------------------------------------------------------------------------
+
+def base(key: str) -> str:
+    """Where a query's log, checkpoint and output live: the upgrade queries in the directory shared
+    by the two releases of an upgrade pair, the others in this release's own."""
+    return CONFIG["shared"] if key.startswith("upgrade-") else CONFIG["work"]
+
+
+def start_file_query(spark, fmt: str, name: str, key: str):
+    work = base(key)
+    return (spark.readStream.format(fmt).options(**source_options(fmt, name))
+            .option("logLocation", f"{work}/{key}-log").option("maxMessagesPerTrigger", 150).load()
+            .select(F.col("body").cast("string").alias("b"))
+            .writeStream.format("parquet").option("path", f"{work}/{key}-out")
+            .option("checkpointLocation", f"{work}/{key}-ckpt").trigger(processingTime="300 milliseconds").start())
+
+
+def file_count(spark, path: str) -> int:
+    try:
+        return spark.read.parquet(path).count()
+    except Exception:  # noqa: BLE001 - nothing written yet
+        return 0
+
+
+def committed_batches(ckpt: str) -> int:
+    try:
+        return len([n for n in os.listdir(os.path.join(ckpt, "commits")) if n.isdigit()])
+    except FileNotFoundError:
+        return 0
+
+
+def run_to_end_and_report(spark, what: str, queries: dict) -> None:
+    """Restart each query of ``queries`` (key -> (fmt, name, expected bodies)) from its checkpoint,
+    run it until its sink holds as many rows as were sent, and report what the sink holds."""
+    running = {key: start_file_query(spark, fmt, name, key) for key, (fmt, name, _) in queries.items()}
+    try:
+        for key, (fmt, name, values) in queries.items():
+            wait_rows(running[key], lambda: file_count(spark, f"{base(key)}/{key}-out"), len(values), f"{what} {key}")
+        time.sleep(2)  # a duplicate batch would land now
+    finally:
+        for q in running.values():
+            q.stop()
+    for key, (fmt, name, values) in queries.items():
+        rows = [r.b for r in spark.read.parquet(f"{base(key)}/{key}-out").collect()]
+        report(what, key=key, format=fmt, sent=len(values), rows=len(rows), distinct=len(set(rows)),
+               exact=sorted(rows) == values)
+
+
+def start_and_await_kill(spark, kind: str) -> None:
+    """Send each format's messages, start its ``kind`` query, and once every query has committed two
+    batches (and has more to read), print READY and wait for the test's SIGKILL."""
+    queries = {f"{kind}-{fmt}": start_file_query(spark, fmt, CONFIG["names"][fmt][kind], f"{kind}-{fmt}")
+               for fmt in FORMATS}
+    # sent once each query runs, so that the run has batches to do under every Spark (without
+    # availableNow support the first batch of a run takes what is there at its start)
+    for key, q in queries.items():
+        wait_rows(q, lambda: len(q.recentProgress), 1, f"{key} start")
+    for fmt in FORMATS:
+        batch_write(spark, fmt, CONFIG["names"][fmt][kind], bodies(f"{kind}-{fmt}", CONFIG["kill_messages"]))
+    deadline = time.monotonic() + WAIT
+    while min(committed_batches(f"{base(key)}/{key}-ckpt") for key in queries) < 2:
+        for key, q in queries.items():
+            if q.exception() is not None:
+                raise RuntimeError(f"{key}: {q.exception()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the {kind} queries did not commit two batches in time")
+        time.sleep(0.2)
+    report(f"{kind}_ready", counts={key: file_count(spark, f"{base(key)}/{key}-out") for key in queries})
+    print("READY", flush=True)
+    time.sleep(WAIT)  # the test kills this process (a driver crash: no stop(), no commit)
+
+
+def kill(spark) -> None:
+    start_and_await_kill(spark, "kill")
+
+
+def resume(spark) -> None:
+    n = CONFIG["kill_messages"]
+    upgrade_from = CONFIG.get("upgrade_from")
+    if upgrade_from:
+        run_to_end_and_report(spark, "upgrade_resume", {
+            f"upgrade-{fmt}": (fmt, CONFIG["names"][fmt]["upgrade"], bodies(f"upgrade-{fmt}", n)) for fmt in FORMATS})
+    run_to_end_and_report(spark, "kill_resume", {
+        f"kill-{fmt}": (fmt, CONFIG["names"][fmt]["kill"], bodies(f"kill-{fmt}", n)) for fmt in FORMATS})
+    if CONFIG.get("upgrade_to"):
+        start_and_await_kill(spark, "upgrade")
+
+
+if __name__ == "__main__":
+    phase = sys.argv[1]
+    spark = session()
+    {"main": main, "kill": kill, "resume": resume}[phase](spark)
+    report("done", phase=phase)
+    spark.stop()

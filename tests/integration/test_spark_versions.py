@@ -1,0 +1,221 @@
+"""The Spark version matrix: the built wheel on every Spark 4 minor (latest patch), end to end.
+
+For each release of ``scripts/spark_matrix.py`` (4.0.5, 4.1.4, 4.2.1, 4.3.0), in the release's own
+virtual environment (``.venv-spark-<minor>``, made and cached by ``./dev``; 4.3 is the main venv,
+where the whole suite runs too) with the wheel installed, three Spark driver processes run
+``matrix_job.py`` against the harness's RabbitMQ (amqp08, stomp) and an embedded Malamute broker:
+
+- ``main``: the capabilities ``spark_mq.compat`` detects are the ones the matrix states; automatic
+  registration, then ``register`` twice; batch write + batch read; stream read with
+  ``maxMessagesPerTrigger`` into each format's stream sink; ``once`` and ``availableNow`` as
+  documented for the release (docs/compatibility.md);
+- ``kill``: one query per format into a parquet sink, SIGKILLed (the whole process group) once each
+  has committed batches and has more to read;
+- ``resume``: the killed queries restarted from their checkpoints; every message in the sink exactly
+  once. For the upgrade pairs (4.0 -> 4.1, 4.2 -> 4.3) the older release's ``resume`` also starts a
+  second set of queries and is SIGKILLed mid-run; the newer release's ``resume`` continues them from
+  the older release's checkpoint and source log, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import brokers
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import build_dist  # noqa: E402
+import spark_matrix  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+JOB = Path(__file__).with_name("matrix_job.py")
+JOB_TIMEOUT = 600
+KILL_MESSAGES = 1500
+FORMATS = ("amqp08", "stomp", "malamute")
+STREAM_CAP = 200
+TRIGGER_SENT, TRIGGER_CAP = 250, 100
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, rabbitmq):
+    """The wheel built once and installed into every older release's venv; the brokers; a run id."""
+    wheel_dir = tmp_path_factory.mktemp("wheel")
+    wheel = build_dist.build_wheel(wheel_dir)
+    pythons = {}
+    for r in spark_matrix.RELEASES:
+        python = spark_matrix.ensure_venv(r)
+        if not r.newest:  # the main venv holds the checkout, installed in editable mode by ./dev
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+                           check=True, stdin=subprocess.DEVNULL, capture_output=True)
+        pythons[r.version] = python
+    with brokers.malamute_running(client_timeout=30.0) as malamute:
+        yield {"pythons": pythons, "rabbitmq": rabbitmq, "malamute": malamute,
+               "root": tmp_path_factory.mktemp("matrix"), "run": uuid.uuid4().hex[:8]}
+
+
+def _names(run: str, version: str, upgrade_key: str) -> dict:
+    names = {}
+    for fmt in FORMATS:
+        per = {k: f"mx-{run}-{version}-{fmt}-{k}" for k in ("batch", "stream_in", "stream_out", "once",
+                                                            "availableNow", "kill")}
+        per["upgrade"] = f"mx-{run}-{upgrade_key}-{fmt}-upgrade"
+        names[fmt] = per
+    return names
+
+
+def _declare(rabbitmq, names: dict) -> None:
+    import pika
+
+    params = pika.URLParameters(rabbitmq.url("amqp"))
+    with pika.BlockingConnection(params) as conn:
+        ch = conn.channel()
+        for queue in names["amqp08"].values():
+            ch.queue_declare(queue, durable=True)
+
+
+def _upgrade_pair(version: str):
+    for older, newer in spark_matrix.UPGRADES:
+        if version in (older, newer):
+            return older, newer
+    return None
+
+
+class Job:
+    """``matrix_job.py PHASE`` in a release's venv, in a process group of its own (JVM included)."""
+
+    def __init__(self, python: Path, phase: str, config: Path, cwd: Path) -> None:
+        self.phase = phase
+        self.out_path = cwd / f"{phase}.out"
+        self.err_path = cwd / f"{phase}.err"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SPARK_LOCAL_IP="127.0.0.1")
+        env.pop("PYTHONPATH", None)  # the wheel, not the checkout
+        env.pop("SPARK_HOME", None)
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen([str(python), str(JOB), phase, str(config)], cwd=cwd, env=env, stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def text(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def reports(self) -> list:
+        return [json.loads(line[len("REPORT "):]) for line in self.text().splitlines() if line.startswith("REPORT ")]
+
+    def failure(self, why: str) -> AssertionError:
+        err = self.err_path.read_text(errors="replace")
+        causes = [ln for ln in err.splitlines() if ("Error" in ln or "Exception" in ln) and " INFO " not in ln
+                  and not ln.lstrip().startswith("at ")]
+        return AssertionError(f"matrix {self.phase}: {why}\nstdout:\n{self.text()[-3000:]}\nerrors:\n"
+                              + "\n".join(causes[:30]) + f"\nstderr tail:\n{err[-3000:]}")
+
+    def wait(self) -> list:
+        try:
+            rc = self.proc.wait(JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise self.failure(f"no end within {JOB_TIMEOUT} s") from None
+        if rc != 0:
+            raise self.failure(f"exit {rc}")
+        return self.reports()
+
+    def wait_ready_and_kill(self) -> list:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while "\nREADY" not in "\n" + self.text():
+            if self.proc.poll() is not None:
+                raise self.failure(f"exit {self.proc.returncode} before READY")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise self.failure("no READY in time")
+            time.sleep(0.2)
+        self.kill()
+        return self.reports()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM and Python workers: a crash
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+
+
+def _one(reports: list, what: str, **match) -> dict:
+    found = [r for r in reports if r["what"] == what and all(r.get(k) == v for k, v in match.items())]
+    assert len(found) == 1, (what, match, reports)
+    return found[0]
+
+
+def _check_main(r: spark_matrix.Release, reports: list) -> None:
+    caps = {k: v for k, v in _one(reports, "capabilities").items() if k != "what"}
+    assert caps == r.capabilities(), f"pyspark {r.version}: spark_mq.compat detected {caps}"
+    assert _one(reports, "auto_registration")["result"] == {fmt: "ok" for fmt in FORMATS}
+    _one(reports, "register_twice")
+    for fmt in FORMATS:
+        rw = _one(reports, "batch_write_read", format=fmt)
+        assert rw["exact"] and rw["read"] == rw["sent"], rw
+        stream = _one(reports, "stream_read_write", format=fmt)
+        assert stream["exact"], stream
+        assert sum(stream["batches"]) == 600 and max(stream["batches"]) <= STREAM_CAP, stream
+        for trigger in ("once", "availableNow"):
+            run = _one(reports, "trigger", format=fmt, trigger=trigger)
+            assert run["finished"] and not run["error"], run
+            assert run["exact_prefix"], run
+            if trigger == "availableNow" and r.available_now:
+                # many batches, each within the cap, up to everything available at start
+                assert run["rows"] == TRIGGER_SENT and max(run["batches"]) <= TRIGGER_CAP, run
+                assert len(run["batches"]) >= TRIGGER_SENT // TRIGGER_CAP, run
+            else:
+                # one batch holding everything available at start (docs/compatibility.md)
+                assert run["batches"] == [TRIGGER_SENT] and run["rows"] == TRIGGER_SENT, run
+
+
+def _check_exact(reports: list, what: str) -> None:
+    for fmt in FORMATS:
+        got = [x for x in reports if x["what"] == what and x["format"] == fmt]
+        assert len(got) == 1, (what, fmt, reports)
+        assert got[0]["exact"] and got[0]["rows"] == got[0]["sent"] == got[0]["distinct"], got[0]
+
+
+@pytest.mark.parametrize("version", [r.version for r in spark_matrix.RELEASES])
+def test_release_end_to_end(matrix, version):
+    r = spark_matrix.release(version)
+    pair = _upgrade_pair(version)
+    upgrade_key = "-".join(pair) if pair else version
+    work = matrix["root"] / version
+    work.mkdir()
+    shared = matrix["root"] / f"upgrade-{upgrade_key}"
+    shared.mkdir(exist_ok=True)
+    names = _names(matrix["run"], version, upgrade_key)
+    _declare(matrix["rabbitmq"], names)
+    config = {
+        "uris": {"amqp08": matrix["rabbitmq"].url("amqp"), "stomp": matrix["rabbitmq"].url("stomp"),
+                 "malamute": matrix["malamute"].endpoint},
+        "names": names, "work": str(work), "shared": str(shared), "kill_messages": KILL_MESSAGES,
+        "upgrade_from": bool(pair and pair[1] == version), "upgrade_to": bool(pair and pair[0] == version),
+    }
+    path = work / "config.json"
+    path.write_text(json.dumps(config))
+    python = matrix["pythons"][version]
+
+    _check_main(r, Job(python, "main", path, work).wait())
+    killed = Job(python, "kill", path, work).wait_ready_and_kill()
+    ready = _one(killed, "kill_ready")["counts"]
+    assert all(0 < n < KILL_MESSAGES for n in ready.values()), f"killed mid-run: {ready}"
+
+    resume = Job(python, "resume", path, work)
+    reports = resume.wait_ready_and_kill() if config["upgrade_to"] else resume.wait()
+    _check_exact(reports, "kill_resume")
+    if config["upgrade_from"]:
+        _check_exact(reports, "upgrade_resume")
+    if config["upgrade_to"]:
+        left = _one(reports, "upgrade_ready")["counts"]
+        assert all(0 < n < KILL_MESSAGES for n in left.values()), f"upgrade queries killed mid-run: {left}"
