@@ -25,7 +25,7 @@ import os
 
 from pyspark.sql.types import StructType
 
-from spark_mq.errors import OptionError
+from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import MALAMUTE, Options
 from spark_mq.sinks import values as V
 from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, Kind
@@ -127,6 +127,10 @@ class MalamuteSession(Session):
 
     def begin(self, options: Options) -> None:
         self._configure(options)
+        # a broker that restarts (or expires this client) during the task drops what it is sent
+        # until the client has re-opened: such a task must fail (Spark retries it; the trackers
+        # make the retry deduplicable), never report its rows as written
+        self._recoveries = self.client.recoveries
         if self.mode is Mode.STREAM and self.stream != self.target_stream:
             self.client.set_producer(self.target_stream)
             self.stream = self.target_stream
@@ -145,12 +149,21 @@ class MalamuteSession(Session):
                 send(address, subject, content, tracker, timeout)
                 self._unflushed += sum(map(len, content))
         if self._unflushed >= self.flush_bytes:
-            client.ping(self.commit_timeout)  # bounds what sits in the pipe and the socket queues
-            self._unflushed = 0
+            self._barrier()  # bounds what sits in the pipe and the socket queues
 
-    def commit(self) -> None:
+    def _barrier(self) -> None:
+        """A PING round trip: everything sent before it was taken by the broker, unless the broker
+        forgot this client meanwhile (a failed PING, or a recovery since ``begin``)."""
         self.client.ping(self.commit_timeout)
         self._unflushed = 0
+        if self.client.recoveries != self._recoveries:
+            raise ConnectionClosedError(
+                f"the Malamute broker at {self.client.endpoint} forgot this client during the write (it "
+                f"restarted or expired the client): messages sent before may have been dropped, so the "
+                f"task fails and Spark retries it")
+
+    def commit(self) -> None:
+        self._barrier()
 
     def rollback(self) -> None:
         """Nothing sent can be taken back; the caller drops this session."""

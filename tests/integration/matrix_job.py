@@ -6,6 +6,8 @@ never importing from the checkout: what runs is the wheel, as a user would insta
     python matrix_job.py PHASE CONFIG.json
 
 Phases (each one SparkSession, ``local[2]``, all three formats):
+- ``connect``: a Spark Connect server of the release and a client session: automatic registration,
+  ``register`` twice, a batch write and read.
 - ``main``: automatic registration, then ``spark_mq.register`` twice; batch write and batch read;
   stream read with ``maxMessagesPerTrigger`` into the format's stream sink; ``trigger(once=True)``;
   ``trigger(availableNow=True)``.
@@ -268,9 +270,70 @@ def resume(spark) -> None:
         start_and_await_kill(spark, "upgrade")
 
 
+# -- Spark Connect ---------------------------------------------------------------------------------
+
+def connect() -> None:
+    """A Spark Connect server of this release (its own JVM, from the installed pyspark, workers in this
+    venv), and a client session of it: the formats resolve before any register call (the server
+    registered them itself), ``register`` twice succeeds, and a batch write and read go through."""
+    import signal
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    import pyspark
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+    log_path = Path(CONFIG["work"]) / "connect-server.log"
+    env = dict(os.environ, SPARK_HOME=str(submit.parent.parent))
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
+             "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+             "--conf", f"spark.pyspark.python={sys.executable}", "spark-internal"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:
+            with socket.socket() as s:
+                s.settimeout(1)
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Connect server did not listen on {port}:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        import spark_mq
+
+        spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        report("connect_session", module=type(spark).__module__)
+        report("connect_auto_registration", result={fmt: auto_registered(spark, fmt) for fmt in FORMATS})
+        report("connect_register_twice", first=spark_mq.register(spark), second=spark_mq.register(spark))
+        for fmt in ("amqp08", "malamute"):
+            name = CONFIG["names"][fmt]["connect"]
+            values = bodies(f"{fmt}-connect", 50)
+            batch_write(spark, fmt, name, values)
+            got = batch_read(spark, fmt, name, len(values))
+            report("connect_write_read", format=fmt, sent=len(values), read=len(got), exact=sorted(got) == values)
+        spark.stop()
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait(30)
+
+
 if __name__ == "__main__":
     phase = sys.argv[1]
-    spark = session()
-    {"main": main, "kill": kill, "resume": resume}[phase](spark)
+    if phase == "connect":
+        connect()
+    else:
+        spark = session()
+        {"main": main, "kill": kill, "resume": resume}[phase](spark)
+        spark.stop()
     report("done", phase=phase)
-    spark.stop()

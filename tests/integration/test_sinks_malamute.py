@@ -128,3 +128,39 @@ def test_mailbox_failure_mid_partition_replay_is_deduplicable_by_tracker(spark, 
         first.setdefault(m.tracker, m)
     assert len(first) == n
     assert sorted(check(m) for m in first.values()) == list(range(n))
+
+
+
+def test_writes_across_broker_restarts_fail_or_deliver_every_row(spark, tmp_path):
+    """Issue 43, item 1: batch writes to a mailbox, the broker SIGKILLed and restarted (same port,
+    journal fsynced) right before some of them. A write that returns without an error has every row
+    in the mailbox; a write a restart hits fails instead of losing its rows in silence (the broker,
+    which no longer knew the pooled client, answered each send with ERROR and dropped it)."""
+    rows, writes, restart_before = 3_000, 6, (1, 3, 4)
+    mailbox = "restart-target"
+    outcome = {}
+    with brokers.malamute_running(client_timeout=30.0, mailbox_dir=str(tmp_path / "mb"), args=["--fsync"]) as broker:
+        for w in range(writes):
+            if w in restart_before:
+                broker.kill()
+                broker.restart()
+            df = spark.range(rows, numPartitions=2).select(
+                F.concat(F.lit(f"w{w}-"), F.col("id").cast("string")).alias("body"))
+            try:
+                df.write.format("malamute").option("uri", broker.endpoint).option("mailbox", mailbox) \
+                    .mode("append").save()
+                outcome[w] = "ok"
+            except Exception as exc:  # noqa: BLE001 - failing is the right outcome for a write a restart hits
+                outcome[w] = str(exc)[-300:]
+        with MalamuteClient(broker.endpoint, mailbox) as client:
+            bodies = {bytes(m.content[0]).decode() for m in read_all(client, rows * writes)}
+    delivered = Counter(b.split("-")[0] for b in bodies)
+    print("outcome:", {w: ("ok" if o == "ok" else "failed") for w, o in outcome.items()}, "delivered:", dict(delivered))
+    for w, result in outcome.items():
+        if result == "ok":
+            assert delivered[f"w{w}"] == rows, f"write {w} returned without an error but delivered " \
+                                               f"{delivered[f'w{w}']} of {rows} rows"
+    assert outcome[0] == "ok" and delivered["w0"] == rows  # no restart before the first
+    failed = [w for w, o in outcome.items() if o != "ok"]
+    for w in failed:
+        assert "restart" in outcome[w] or "forgot" in outcome[w], outcome[w]

@@ -5,6 +5,8 @@ virtual environment (``.venv-spark-<minor>``, made and cached by ``./dev``; 4.3 
 where the whole suite runs too) with the wheel installed, three Spark driver processes run
 ``matrix_job.py`` against the harness's RabbitMQ (amqp08, stomp) and an embedded Malamute broker:
 
+- ``connect``: a Spark Connect server of the release and a client: the formats resolve with no
+  register call, ``register`` twice succeeds, a batch write and read go through;
 - ``main``: the capabilities ``spark_mq.compat`` detects are the ones the matrix states; automatic
   registration, then ``register`` twice; batch write + batch read; stream read with
   ``maxMessagesPerTrigger`` into each format's stream sink; ``once`` and ``availableNow`` as
@@ -68,7 +70,7 @@ def _names(run: str, version: str, upgrade_key: str) -> dict:
     names = {}
     for fmt in FORMATS:
         per = {k: f"mx-{run}-{version}-{fmt}-{k}" for k in ("batch", "stream_in", "stream_out", "once",
-                                                            "availableNow", "kill")}
+                                                            "availableNow", "kill", "connect")}
         per["upgrade"] = f"mx-{run}-{upgrade_key}-{fmt}-upgrade"
         names[fmt] = per
     return names
@@ -178,6 +180,16 @@ def _check_main(r: spark_matrix.Release, reports: list) -> None:
                 assert run["batches"] == [TRIGGER_SENT] and run["rows"] == TRIGGER_SENT, run
 
 
+def _check_connect(reports: list) -> None:
+    assert _one(reports, "connect_session")["module"].startswith("pyspark.sql.connect")
+    assert _one(reports, "connect_auto_registration")["result"] == {fmt: "ok" for fmt in FORMATS}
+    twice = _one(reports, "connect_register_twice")
+    assert twice["first"] == twice["second"] == list(FORMATS), twice
+    for fmt in ("amqp08", "malamute"):
+        rw = _one(reports, "connect_write_read", format=fmt)
+        assert rw["exact"] and rw["read"] == rw["sent"], rw
+
+
 def _check_exact(reports: list, what: str) -> None:
     for fmt in FORMATS:
         got = [x for x in reports if x["what"] == what and x["format"] == fmt]
@@ -207,6 +219,7 @@ def test_release_end_to_end(matrix, version):
     python = matrix["pythons"][version]
 
     _check_main(r, Job(python, "main", path, work).wait())
+    _check_connect(Job(python, "connect", path, work).wait())
     killed = Job(python, "kill", path, work).wait_ready_and_kill()
     ready = _one(killed, "kill_ready")["counts"]
     assert all(0 < n < KILL_MESSAGES for n in ready.values()), f"killed mid-run: {ready}"

@@ -204,3 +204,28 @@ def test_fuzz_receive_raises_only_remote_protocol_error(messages):
             conn.receive(frames, 1.0)
         except RemoteProtocolError:
             pass
+
+
+def test_flush_barrier_answered_by_error_fails():
+    """Issue 43, item 1: sends to a broker that forgot us are each answered with ERROR and dropped; the
+    application's PING after them must fail, not complete when the recovery does."""
+    conn = opened("me", 0.0)
+    token = conn.ping()
+    conn.data_to_send()
+    events = conn.receive(ERR500, 0.5)  # the first ERROR (for a dropped send) is taken as the PING's answer
+    assert events[0] == Reply(token, MessageId.CONNECTION_PING, False, 0, events[0].reason)
+    assert "may have been dropped" in events[0].reason and isinstance(events[1], Recovering)
+    assert conn.recoveries == 1
+
+
+def test_flush_barrier_carried_across_a_recovery_fails_while_registrations_complete():
+    conn = opened("me", 0.0)
+    conn.tick(1.0)  # heartbeat PING in flight
+    reg = conn.set_consumer("in")
+    barrier = conn.ping()
+    conn.data_to_send()
+    conn.receive(ERR500, 1.1)  # answers the heartbeat: recovery, the two requests are carried
+    conn.receive(OK, 1.3)      # OPEN
+    events = conn.receive(OK, 1.4)  # replayed STREAM-READ
+    replies = {e.token: e for e in events if isinstance(e, Reply)}
+    assert replies[reg].ok and not replies[barrier].ok and events[-1] == Recovered()

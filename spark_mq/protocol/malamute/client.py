@@ -15,6 +15,8 @@ Rules it enforces, from specs/malamute/malamute-observed.md:
   typically after a restart) re-OPEN and replay STREAM-WRITE, STREAM-READ and SERVICE-OFFER.
   While that OPEN is outstanding, ERRORs are stale answers to messages sent before it and are
   ignored: the broker answers in order, so everything sent before the OPEN is answered before it.
+  A PING the application asked for (a flush barrier) that such a recovery overtakes fails: the
+  sends before it may have been dropped, and only the application can send them again.
 
 Command methods append frames to an outbox drained by ``data_to_send()``. The fire-and-forget
 encoders (``stream_send``, ``mailbox_send``, ``service_send``, ``credit``) touch no state and return
@@ -35,6 +37,8 @@ from spark_mq.protocol.malamute.patterns import validate_pattern
 
 DEFAULT_HEARTBEAT = 1.0  # seconds between PINGs, as the reference client
 DEFAULT_SERVER_TIMEOUT = 4.0  # silence after which the server is considered gone, as the reference client
+_FORGOTTEN = ("the broker forgot this client before answering (it restarted or expired the client): messages "
+              "sent before this PING may have been dropped")
 
 
 class State(Enum):
@@ -287,6 +291,10 @@ class ClientConnection:
         entry = self._pending.popleft()
         if entry.command == MessageId.CONNECTION_PING:
             if not ok:  # the broker does not know us: it restarted or expired us
+                if not entry.internal:
+                    # a flush barrier: what was sent before it may have been dropped (each send to a
+                    # broker that forgot us is answered with ERROR and discarded), so it fails
+                    events.append(Reply(entry.token, entry.command, False, 0, _FORGOTTEN))
                 self._recover(message, events)
             return
         if entry.command == MessageId.CONNECTION_OPEN and self.state is State.OPENING:
@@ -304,7 +312,11 @@ class ClientConnection:
                                                       for p in self._pending):
             self.state = State.CONNECTED
             for entry in self._carried:
-                events.append(Reply(entry.token, entry.command, True, 0, "completed by replay after recovery"))
+                if entry.command == MessageId.CONNECTION_PING:
+                    # a flush barrier across a recovery cannot vouch for what was sent before it
+                    events.append(Reply(entry.token, entry.command, False, 0, _FORGOTTEN))
+                else:  # registrations were replayed
+                    events.append(Reply(entry.token, entry.command, True, 0, "completed by replay after recovery"))
             self._carried.clear()
             events.append(Recovered())
 
