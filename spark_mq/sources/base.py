@@ -230,12 +230,13 @@ class MQStreamReader(DataSourceStreamReader):
         if ing.log.head < s:
             ing.log.fast_forward(s)  # a log that ends below Spark's position: data in it is an error
         if s > ing.committed:
-            # Spark asks for the batch after ``s`` only once the batch ending at ``s`` is in its
-            # commit log (batches run one at a time; a restart re-runs an uncommitted batch before
-            # asking). So ``s`` is committed now, though Spark's own ``commit(s)`` comes only after
-            # it has planned a next batch, which needs new data: in commit mode a broker that holds
-            # deliveries back until the acks (prefetch; ActiveMQ earlier) would never send it.
-            ing.commit(s)
+            # Spark asks for the batch after ``s`` only once the sink has processed the batch ending
+            # at ``s``; its own ``commit(s)`` comes only after it has planned a next batch, which
+            # needs new data: in commit mode a broker that holds deliveries back until the acks
+            # (prefetch; ActiveMQ earlier) would never send it. So the broker is acked now. The log's
+            # segments go only at Spark's ``commit``: with asynchronous progress tracking ``s`` may
+            # not be persisted yet, and a driver crash replays batches below it from the log.
+            ing.processed(s)
         if first_call and not CAPS.available_now:
             self._first_batch_of_one_batch_triggers(ing, s)
             limited = False  # the whole backlog present at start, as a once/availableNow batch needs

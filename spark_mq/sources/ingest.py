@@ -858,12 +858,21 @@ class Ingest:
 
     # -- commit -----------------------------------------------------------------------------------
 
-    def commit(self, end: int) -> None:
-        """Spark finished everything below ``end``: ack (commit mode), delete log segments, trim dedup."""
+    def processed(self, end: int) -> None:
+        """Spark asks for the batch after ``end``: everything below it was processed by the sink,
+        though Spark may not have persisted that yet (with asynchronous progress tracking it plans
+        ahead of its offset and commit logs, and after a crash replays from the last persisted
+        batch, out of this log). So: ack the broker (commit mode; the log keeps the messages for any
+        replay) and count them out of the log's bound, but delete nothing."""
         if self.ack_mode == "commit":
             self._ack_committed(end)
         if end > self.committed:
             self.committed = end
+
+    def commit(self, end: int) -> None:
+        """Spark's own ``commit(end)``: ``end`` is in its commit log, nothing below it will be read
+        again. Ack (commit mode), delete log segments, trim dedup."""
+        self.processed(end)
         self.log.commit(end)
         self._dedup.trim_later(end)  # the ingest thread trims: it adds to the identities meanwhile
 

@@ -194,3 +194,86 @@ def test_broker_killed_and_restarted_mid_stream(spark, request, unique_name, tmp
     rows = spark.sql(f"select body from {name}").collect()
     assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(total))
     assert figures["reconnects"] >= 1
+
+
+
+ASYNC_CHILD = textwrap.dedent("""
+    import os, sys, uuid
+    from pyspark.sql import SparkSession
+    from spark_mq.sources.amqp08 import Amqp08DataSource
+    url, queue, log, out_dir, ckpt = sys.argv[1:6]
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    spark.dataSource.register(Amqp08DataSource)
+
+    class Files:  # foreach sink: one file per partition and attempt
+        def open(self, partition_id, epoch_id):
+            self.f = open(os.path.join(out_dir, f"{epoch_id}-{partition_id}-{uuid.uuid4().hex}.txt"), "w")
+            return True
+        def process(self, row):
+            self.f.write(row.body.decode() + "\\n")
+        def close(self, error):
+            self.f.close()
+
+    df = (spark.readStream.format("amqp08").option("uri", url).option("queue", queue).option("logLocation", log)
+          .option("segmentBytes", "2k").option("maxMessagesPerTrigger", "300").load())
+    q = (df.select("body").writeStream.foreach(Files()).option("checkpointLocation", ckpt)
+         .option("asyncProgressTrackingEnabled", "true")
+         .option("asyncProgressTrackingCheckpointIntervalMs", "4000")
+         .trigger(processingTime="0 seconds").start())
+    q.awaitTermination(600)
+""")
+
+
+def _bodies_written(out: Path) -> set:
+    found = set()
+    for f in out.iterdir():
+        found.update(line for line in f.read_text().splitlines() if line)
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_driver_killed_under_async_progress_tracking_restarts_and_loses_nothing(rabbitmq, unique_name, tmp_path):
+    """Issue 43, item 2: with asyncProgressTrackingEnabled Spark plans batch N+1 before batch N is in
+    its offset and commit logs, and after a driver crash replays from the last persisted batch. The
+    source used to delete log segments for the batch ending at ``start`` inside latestOffset(start):
+    the restart failed at once with DataLossError (or skipped them with failOnDataLoss=false)."""
+    url = rabbitmq.url("amqp")
+    queue = unique_name("async")
+    total = 40_000
+    publish(url, queue, total)
+    script = tmp_path / "child.py"
+    script.write_text(ASYNC_CHILD)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    args = [url, queue, str(tmp_path / "log"), str(out), str(ckpt)]
+    with open(tmp_path / "children.log", "w") as child_log:
+        proc = start_child(script, args, child_log)
+        try:
+            # killed once the offset log has been persisted at least once and many batches ran after it
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    pytest.fail(f"the query exited early ({proc.returncode}); see {tmp_path}/children.log")
+                done = len(_bodies_written(out))
+                if last_batch(ckpt, "offsets") >= 0 and done >= 6_000:
+                    break
+                time.sleep(0.2)
+            done = len(_bodies_written(out))
+            assert 6_000 <= done < total, f"{done} of {total} written before the kill"
+        finally:
+            kill_group(proc)
+        persisted = last_batch(ckpt, "offsets")
+        proc = start_child(script, args, child_log)
+        try:
+            deadline = time.monotonic() + 300
+            while len(_bodies_written(out)) < total and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+        finally:
+            kill_group(proc)
+    text = (tmp_path / "children.log").read_text(errors="replace")
+    assert "DataLossError" not in text and "no longer in the source log" not in text, \
+        f"the restart found segments deleted (offset log persisted up to batch {persisted})"
+    assert _bodies_written(out) == {f"m{i}" for i in range(total)}

@@ -55,8 +55,10 @@ class _Ingest:
         self.target = None
         self.planned_end = 0
 
-    def commit(self, end):
+    def processed(self, end):
         self.committed = max(self.committed, end)
+
+    commit = processed
 
     def resume_at(self, offset):
         pass
