@@ -25,9 +25,16 @@ from spark_mq.sources.connect import connect_amqp08
 __all__ = ["Amqp08DataSource", "Amqp08Consumer", "connect_consumer", "validate"]
 
 
+#: basic.qos prefetch-count is an AMQP short
+_MAX_PREFETCH = 0xFFFF
+
+
 def validate(opts: Options) -> None:
     if not opts.get("queue"):
         raise OptionError("the amqp08 source needs option 'queue'")
+    if (opts.get("prefetch") or 0) > _MAX_PREFETCH:
+        raise OptionError(f"option 'prefetch' is {opts.prefetch}: AMQP 0-8's basic.qos takes at most "
+                          f"{_MAX_PREFETCH} unacknowledged messages per consumer")
     if opts.get("routingKey") and not opts.get("exchange"):
         raise OptionError("option 'routingKey' needs option 'exchange' (the binding's exchange) on the amqp08 source")
     if (opts.get("exchange") or opts.get("queueArguments") or opts.get("exchangeType")) and opts.declare != "create":

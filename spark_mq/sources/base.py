@@ -90,6 +90,30 @@ def prefetch_of(opts: Options) -> int:
     return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
 
 
+def check_trigger_limits(fmt: str, opts: Options) -> None:
+    """Refuse read limits that can never be met: every batch would wait ``maxTriggerDelay`` for a
+    minimum the source can never reach (a batch is cut at ``maxMessagesPerTrigger``; in commit mode
+    at half the prefetch; the ingest pauses at ``maxUncommittedMessages``)."""
+    minimum = opts.get("minMessagesPerTrigger")
+    if minimum is None:
+        return
+    # (bound, what it is, the option to raise, why a batch never holds more)
+    bounds = [(opts.get("maxMessagesPerTrigger"), "'maxMessagesPerTrigger'", "maxMessagesPerTrigger",
+               "a batch never holds more")]
+    if opts.get("ackMode") == "commit" and fmt != "malamute":
+        prefetch = prefetch_of(opts)
+        bounds.append((max(1, prefetch // 2), f"half of 'prefetch' ({prefetch})", "prefetch",
+                       "in ackMode=commit a batch is cut there, so that the acks of the last one can come"))
+    bounds.append((opts.maxUncommittedMessages, "'maxUncommittedMessages'", "maxUncommittedMessages",
+                   "the ingest pauses there until Spark commits"))
+    for bound, what, option, why in bounds:
+        if bound is not None and minimum > bound:
+            raise OptionError(
+                f"option 'minMessagesPerTrigger' ({minimum}) is above {what} ({bound}): {why}, so every batch "
+                f"would wait maxTriggerDelay ({opts.maxTriggerDelay:g} s) for it. Lower minMessagesPerTrigger "
+                f"or raise {option}")
+
+
 def gather(out: list, receive: Callable[[int, float], list], max_count: int,
            timeout: float) -> Optional[BaseException]:
     """Extend a poll's first deliveries ``out`` with ``receive(count, seconds)`` until ``max_count``,
@@ -499,6 +523,7 @@ class MQDataSource(DataSource):
         opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
         module = importlib.import_module(self.CONNECTOR_MODULE)
         module.validate(opts)
+        check_trigger_limits(self.FORMAT, opts)
         endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
         location = opts.get("logLocation")
         if streaming and not location:

@@ -87,7 +87,7 @@ def batch_read(spark, fmt: str, name: str, expect: int) -> list:
     got: list = []
     deadline = time.monotonic() + 60
     while len(got) < expect and time.monotonic() < deadline:
-        rows = (spark.read.format(fmt).options(**source_options(fmt, name)).option("quietPeriod", "2s")
+        rows = (spark.read.format(fmt).options(**source_options(fmt, name)).option("quietPeriod", "0.5s")
                 .load().select(F.col("body").cast("string").alias("b")).collect())
         got += [r.b for r in rows]
     return got

@@ -621,3 +621,25 @@ def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, un
         assert "403" in error or "ACCESS_REFUSED" in error, error
     else:
         assert "STOMP ERROR" in error, error
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"minMessagesPerTrigger": 500, "maxMessagesPerTrigger": 100}, ("minMessagesPerTrigger", "maxMessagesPerTrigger")),
+    ({"minMessagesPerTrigger": 600, "ackMode": "commit", "prefetch": 1000}, ("minMessagesPerTrigger", "prefetch")),
+    ({"minMessagesPerTrigger": 5000, "maxUncommittedMessages": 1000},
+     ("minMessagesPerTrigger", "maxUncommittedMessages")),
+    ({"prefetch": 70000}, ("prefetch", "65535")),
+], ids=["min-above-max", "min-above-half-prefetch", "min-above-log-bound", "prefetch-above-amqp-short"])
+def test_contradictory_options_fail_at_load_naming_them(spark, rabbitmq, tmp_path, options, named):
+    """Issue 43, item 9: options that can never be met made every batch wait maxTriggerDelay (15 min),
+    or failed at run time with a bare struct.error; they are refused when the query is defined."""
+    r = (spark.readStream.format("amqp08").option("uri", rabbitmq.url("amqp")).option("queue", "never-read")
+         .option("logLocation", str(tmp_path / "log")))
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    with pytest.raises(Exception) as info:
+        r.load()
+    text = str(info.value)
+    assert "OptionError" in text, text[-2000:]
+    for name in named:
+        assert name in text, (name, text[-2000:])
