@@ -302,7 +302,7 @@ class MQStreamReader(DataSourceStreamReader):
         target (the queue depth where the broker tells it, else a quiet period) and this call waits
         for it, or for the log's bounds (``maxUncommittedMessages``/``Bytes``), or for commit mode's
         prefetch, whichever comes first. ``maxMessagesPerTrigger`` and the other limits apply from
-        the run's second batch. docs/compatibility.md."""
+        the run's second batch. docs/getting-started.md, "Spark versions"."""
         self._wait_first(ing)  # connected and a first look at the broker (a refused login fails here)
         if any(self.opts.get(k) is not None for k in ("maxMessagesPerTrigger", "maxBytesPerTrigger",
                                                       "minMessagesPerTrigger")):

@@ -152,7 +152,7 @@ def main(spark) -> None:
                  .start())
         try:
             # sent once the query runs: on a Spark without availableNow support the first batch of a run
-            # takes the whole backlog present at its start (docs/compatibility.md), later ones obey the cap
+            # takes the whole backlog present at its start (docs/getting-started.md, "Spark versions"), later ones obey the cap
             wait_rows(query, lambda: len(query.recentProgress), 1, f"{fmt} stream start")
             batch_write(spark, fmt, names["stream_in"], values)
             wait_rows(query, lambda: sum(sorted_progress(query)), len(values), f"{fmt} stream")

@@ -10,7 +10,7 @@ where the whole suite runs too) with the wheel installed, three Spark driver pro
 - ``main``: the capabilities ``spark_mq.compat`` detects are the ones the matrix states; automatic
   registration, then ``register`` twice; batch write + batch read; stream read with
   ``maxMessagesPerTrigger`` into each format's stream sink; ``once`` and ``availableNow`` as
-  documented for the release (docs/compatibility.md);
+  documented for the release (docs/getting-started.md, "Spark versions");
 - ``kill``: one query per format into a parquet sink, SIGKILLed (the whole process group) once each
   has committed batches and has more to read;
 - ``resume``: the killed queries restarted from their checkpoints; every message in the sink exactly
@@ -176,7 +176,7 @@ def _check_main(r: spark_matrix.Release, reports: list) -> None:
                 assert run["rows"] == TRIGGER_SENT and max(run["batches"]) <= TRIGGER_CAP, run
                 assert len(run["batches"]) >= TRIGGER_SENT // TRIGGER_CAP, run
             else:
-                # one batch holding everything available at start (docs/compatibility.md)
+                # one batch holding everything available at start (docs/getting-started.md, "Spark versions")
                 assert run["batches"] == [TRIGGER_SENT] and run["rows"] == TRIGGER_SENT, run
 
 
