@@ -645,3 +645,25 @@ def test_dedup_trims_on_its_own_thread_while_another_commits(tmp_path):
     dedup.trim()
     assert len(dedup) == 100
     ing.log.close()
+
+
+def test_dedup_identities_stay_bounded_when_a_body_recurs(tmp_path):
+    """Issue 43, item 11: a body that recurs (``{}`` as every hundredth message) was re-added at its
+    first position with a later offset, trimming stopped there, and the identities grew with the whole
+    history (98,902 held after 100,000 messages instead of about the window)."""
+    from spark_mq.sources.ingest import content_identity
+
+    ing = _ingest(tmp_path, fmt="amqp08", dedupWindow="2500")
+    dedup = ing._dedup
+    held = []
+    for offset in range(100_000):
+        body = b"{}" if offset % 100 == 0 else f"m{offset}".encode()
+        dedup.add(content_identity(body, None), offset)
+        if offset % 1000 == 999:  # Spark commits all but the newest 500 now and then
+            ing.commit(offset - 500)
+            dedup.trim()
+            held.append(len(dedup))
+    assert max(held) <= 2500 + 500 + 1, max(held)
+    assert content_identity(b"{}", None) in dedup  # the recurring body is still known, at its last offset
+    assert dedup._ids[content_identity(b"{}", None)] == 99_900
+    ing.log.close()
