@@ -588,6 +588,7 @@ class Ingest:
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
             check_all = self._stable_ids
+            group: dict = {}  # this group's identities: recorded in ``dedup`` once the group is in the log
             for msg in msgs:
                 self.consumed += 1
                 row = consumer.row(msg, offset, now_us)
@@ -597,16 +598,19 @@ class Ingest:
                 key = self._identity_of(row[0], row[2], row[4])
                 # a stable message id is checked for every message; a content hash only for
                 # redeliveries (two sends of the same body are two messages)
-                if (redelivered or (check_all and row[2] is not None)) and key in dedup:
+                if (redelivered or (check_all and row[2] is not None)) and (key in dedup or key in group):
                     self.duplicates += 1
                     kept_tokens.append((None, msg))
                     continue
-                dedup.add(key, offset)
+                group[key] = offset
                 rows.append(row)
                 kept_tokens.append((offset, msg))
                 offset += 1
         if rows:
             new_head = self._append((S.build_batch(self.fmt, chunk) for chunk in self._chunks(rows)), len(rows))
+            if self.fmt not in _NO_REDELIVERIES:
+                for key, off in group.items():  # only now: the redeliveries of a group that never
+                    dedup.add(key, off)          # reached the log must not be taken for duplicates
         else:
             new_head = self.log.head
         self._durable_later(new_head, msgs if self.ack_mode == "durable" else None)
@@ -660,6 +664,12 @@ class Ingest:
                 self.log.sync()
         except OSError as exc:
             raise self._write_error(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - building the group's Arrow data failed: not an outage
+            # Retrying would take the same deliveries again and fail the same way (a column past
+            # Arrow's 2 GiB bound, a value the schema cannot hold): the query fails, naming it.
+            # Nothing of the group was acknowledged; the broker keeps it.
+            raise LogWriteError(f"{self.fmt} source: a group of {count} messages could not be added to the "
+                                f"source log at offset {head}: {type(exc).__name__}: {exc}") from exc
         self._size_groups(self.log.body_bytes(head, new_head), count)
         return new_head
 

@@ -667,3 +667,62 @@ def test_dedup_identities_stay_bounded_when_a_body_recurs(tmp_path):
     assert content_identity(b"{}", None) in dedup  # the recurring body is still known, at its last offset
     assert dedup._ids[content_identity(b"{}", None)] == 99_900
     ing.log.close()
+
+
+class _FakeAmqpConsumer:
+    """AMQP-like deliveries with message ids, redelivered the second time they are handed out."""
+
+    def __init__(self, ids):
+        self.ids, self.rounds = list(ids), 0
+
+    def poll(self, max_count, timeout):
+        self.rounds += 1
+        return [(i, self.rounds > 1) for i in self.ids[:max_count]]
+
+    def row(self, msg, offset, now_us):
+        from spark_mq import schema as S
+        mid, redelivered = msg
+        row = [None] * len(S.SOURCE_COLUMNS["amqp08"])
+        row[0], row[2], row[4], row[5], row[6] = f"body-{mid}".encode(), mid, None, redelivered, offset
+        return tuple(row)
+
+    def ack(self, msgs):
+        pass
+
+    def keepalive(self):
+        pass
+
+
+def test_a_group_that_cannot_be_built_fails_the_ingest_and_records_no_identity(tmp_path, monkeypatch):
+    """Issue 43, item 4: building a group failed for a reason other than I/O (Arrow's 2 GiB column
+    bound, which headers can reach); the ingest took it for a lost connection, and the redeliveries
+    matched the identities recorded for messages that never reached the log: dropped, and acked."""
+    import spark_mq.sources.ingest as ingest_mod
+    from spark_mq.sources.ingest import LogWriteError
+
+    from spark_mq.errors import SparkMqError
+
+    def too_large(fmt, rows):  # what spark_mq.arrowcols raises at the bound
+        raise SparkMqError("a group of 3 messages holds 2147483650 bytes in one column, more than an Arrow "
+                           "binary column can (2 GiB): lower 'fsyncMessages'")
+
+    monkeypatch.setattr(ingest_mod.S, "build_batch", too_large)
+    ing = _ingest(tmp_path, fmt="amqp08")
+    ing._consumer = _FakeAmqpConsumer(["a", "b", "c"])
+    ing._resumed.set()
+    with pytest.raises(LogWriteError, match="could not be added to the source log.*SparkMqError.*2 GiB"):
+        ing._step()
+    assert len(ing._dedup) == 0 and ing.log.head == 0
+    ing.log.close()
+
+
+def test_identities_of_a_group_are_recorded_once_it_is_in_the_log(tmp_path):
+    ing = _ingest(tmp_path, fmt="amqp08")
+    ing._consumer = _FakeAmqpConsumer(["a", "b", "c"])
+    ing._resumed.set()
+    ing._step()
+    assert ing.log.head == 3 and ing.duplicates == 0
+    assert all(k in ing._dedup for k in "abc")
+    ing._step()  # the same ids redelivered: all dropped as duplicates
+    assert ing.log.head == 3 and ing.duplicates == 3
+    ing.log.close()
