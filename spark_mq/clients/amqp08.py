@@ -408,6 +408,8 @@ class Channel:
             self._replies.append(Message(ev, self))
 
     def _closed_by(self, error: Optional[BaseException]) -> None:
+        if error is None and self._error is not None:
+            return  # our own close (after a timeout, see _abandon) keeps the reason it gave
         self._error = error or ConnectionClosedError(f"channel {self.number} is closed")
 
     def _check(self) -> None:
@@ -441,7 +443,11 @@ class Channel:
         deadline = _monotonic() + timeout
         while not self._replies:
             self._check()
-            conn._wait(deadline, f"reply to {name} on channel {self.number}")
+            try:
+                conn._wait(deadline, f"reply to {name} on channel {self.number}")
+            except TimeoutError:
+                self._abandon(name, timeout)
+                raise
             if self._error is not None:
                 raise self._error
         reply = self._replies.popleft()
@@ -449,6 +455,20 @@ class Channel:
         if rtype not in responses:  # the state machine checked the order; this guards the facade
             raise LocalProtocolError(f"reply {rtype.NAME} does not answer {name}")
         return reply
+
+    def _abandon(self, name: str, timeout: float) -> None:
+        """A request went unanswered within its timeout. The broker answers a channel's requests in
+        order, so its late reply would be taken as the answer to the next call here (a stale
+        tx.commit-ok answering a later commit): the channel is closed instead, and every later call
+        on it fails naming why. The connection and its other channels go on."""
+        self._error = ConnectionClosedError(
+            f"channel {self.number} was closed: no reply to {name} within {timeout:g} s, and a late reply "
+            f"would have answered a later call (open a new channel)")
+        try:
+            self.connection._proto.close_channel(self.number)
+            self.connection._flush()
+        except Exception:  # noqa: BLE001 - the channel is unusable either way; the connection reports its own errors
+            pass
 
     def call_content(self, method: Method, properties, body, timeout: float = DEFAULT_TIMEOUT, *,
                      barrier: bool = False):

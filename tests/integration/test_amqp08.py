@@ -197,6 +197,24 @@ def test_tx_commit_and_rollback(conn, queue):
     assert count(other, queue, 1) == 1
 
 
+def test_a_late_reply_never_answers_the_next_call(conn, queue):
+    """Issue 43, item 10: a tx.commit that timed out got its commit-ok later, and the next tx.commit
+    on the channel took that stale reply as its own (returning before its own commit was done). A
+    call that times out closes its channel: later calls on it fail naming why; other channels work."""
+    ch = conn.channel()
+    ch.tx_select()
+    for i in range(200):
+        ch.basic_publish("", queue, b"x%d" % i, BasicProperties(delivery_mode=2))
+    with pytest.raises(TimeoutError):
+        ch.tx_commit(timeout=1e-6)  # the commit-ok cannot be here yet: it comes late
+    with pytest.raises(ConnectionClosedError, match="no reply to tx.commit"):
+        ch.tx_commit()
+    with pytest.raises(ConnectionClosedError, match="no reply to tx.commit"):
+        ch.queue_declare(queue, passive=True)
+    other = conn.channel()  # the connection and its other channels are fine
+    assert other.queue_declare(queue, passive=True).message_count in (0, 200)
+
+
 def test_mandatory_returns_and_immediate_refused(conn, unique_name):
     ch = conn.channel()
     ch.basic_publish("amq.direct", unique_name("nobody"), b"unroutable", BasicProperties(message_id="r1"),
