@@ -476,6 +476,11 @@ SOURCE_OPTIONS = define(
     OptionSpec("dedupWindow", OptionType.INT, default=200_000, minimum=0, directions=_SRC, doc=(
         "How many identities of committed messages are remembered (beyond those still in the log) to drop "
         "redeliveries.")),
+    OptionSpec("dedupById", OptionType.BOOL, default=False, directions=_SRC, formats=_SOCKET, doc=(
+        "Also drop first deliveries whose message id is already in the log or among the last dedupWindow "
+        "committed ones (for producers that resend with the same id). Off: a message the broker delivers for "
+        "the first time is never dropped (business keys used as ids, such as three events of one order, stay "
+        "three messages); only deliveries the broker marks redelivered are matched.")),
     OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
                doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
     OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,

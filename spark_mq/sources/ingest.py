@@ -587,7 +587,9 @@ class Ingest:
             rows = []
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
-            check_all = self._stable_ids
+            # ids that identify a message across sessions are matched for first deliveries too only
+            # where asked for (dedupById): by default a first delivery is never dropped
+            check_all = self._stable_ids and self.opts.dedupById
             group: dict = {}  # this group's identities: recorded in ``dedup`` once the group is in the log
             for msg in msgs:
                 self.consumed += 1
@@ -596,8 +598,8 @@ class Ingest:
                 if redelivered:
                     self.redeliveries += 1
                 key = self._identity_of(row[0], row[2], row[4])
-                # a stable message id is checked for every message; a content hash only for
-                # redeliveries (two sends of the same body are two messages)
+                # redeliveries are matched by stable id or content hash; first deliveries only by
+                # stable id, with dedupById (two sends of the same body, or of one id, are two messages)
                 if (redelivered or (check_all and row[2] is not None)) and (key in dedup or key in group):
                     self.duplicates += 1
                     kept_tokens.append((None, msg))

@@ -340,3 +340,25 @@ def test_declare_create_binds_with_queue_arguments_and_a_dead_first_host_is_skip
     assert sorted(bytes(r.body) for r in rows) == [f"m{i}".encode() for i in range(5, 10)]
     assert {r.exchange for r in rows} == {exchange}
     assert sorted(r.routing_key for r in rows) == [f"orders.eu.{i}" for i in range(5, 10)]
+
+
+@pytest.mark.parametrize("dedup_by_id,expected", [(None, ["m0", "m1", "m2", "other"]), ("true", ["m0", "other"])])
+def test_first_deliveries_sharing_a_message_id_are_kept_unless_dedup_by_id(spark, rabbitmq, unique_name, tmp_path,
+                                                                            dedup_by_id, expected):
+    """Issue 43, item 5: business keys used as message ids (three events of one order) are three
+    messages: a delivery the broker makes for the first time is never dropped by default. Producers
+    that resend with the same id ask for id deduplication with dedupById=true."""
+    url = rabbitmq.url("amqp")
+    queue = unique_name("ids")
+    publish(url, queue, 3, props=lambda i: BasicProperties(message_id="order-7", delivery_mode=2))
+    with Connection.from_url(url) as conn:  # bodies m0, m1, m2 above; and one with an id of its own
+        ch = conn.channel()
+        ch.basic_publish("", queue, b"other", BasicProperties(message_id="order-8", delivery_mode=2))
+        ch.queue_declare(queue, passive=True)  # a round trip: the publish reached the broker
+    opts = {} if dedup_by_id is None else {"dedupById": dedup_by_id}
+    name = f"ids_{dedup_by_id}"
+    df = reader(spark, url, queue, tmp_path / "log", **opts).selectExpr("cast(body as string) as b")
+    run_available_now(df, name, tmp_path / "ckpt")
+    got = sorted(r.b for r in spark.table(name).collect())
+    assert got == sorted(expected)
+    assert depth(url, queue) == 0  # every delivery was acknowledged, the dropped ones too

@@ -325,12 +325,16 @@ def _cut_connection(fmt: str, broker, user: str, consumer) -> None:
     raise AssertionError(f"no socket found in {consumer!r}")
 
 
-@pytest.mark.parametrize("fmt", ["amqp08", "stomp"])
-def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing(fmt, rabbitmq, unique_name, tmp_path):
+@pytest.mark.parametrize("fmt,queue_type", [("amqp08", "classic"), ("stomp", "classic"), ("amqp08", "quorum"),
+                                            ("stomp", "quorum")])
+def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing(fmt, queue_type, rabbitmq,
+                                                                                 unique_name, tmp_path):
     """Messages without a stable id (no AMQP message_id; STOMP on RabbitMQ, whose ids change per
     session), so recognised by content. The connection is cut while the ingest is paused at the log
     bound with a whole prefetch received but not taken: those come back redelivered, and so do any
-    messages logged whose ack the broker had not taken. Each message must reach the log once."""
+    messages logged whose ack the broker had not taken. Each message must reach the log once. On a
+    quorum queue RabbitMQ adds ``x-delivery-count`` to every redelivery (issue 43, item 13): it must
+    not make a redelivered message look new."""
     from collections import Counter
 
     from spark_mq.options import SOURCE, parse_options
@@ -340,16 +344,20 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
     rabbitmq.add_user(user, password)
     total = 1000
     body = [f"m{i}".encode() for i in range(total)]
+    queue = unique_name("cut")
+    if queue_type == "quorum":
+        with Connection.from_url(rabbitmq.url("amqp")) as conn:
+            conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
     if fmt == "amqp08":
-        dest = unique_name("cut")
+        dest = queue
         with Connection.from_url(rabbitmq.url("amqp")) as conn:
             ch = conn.channel()
-            ch.queue_declare(dest, durable=True)
+            ch.queue_declare(dest, durable=True, arguments={"x-queue-type": queue_type})
             ch.publish_many(("", dest, b, BasicProperties(delivery_mode=2)) for b in body)
             ch.queue_declare(dest, passive=True)
         options = {"uri": rabbitmq.url("amqp", user=user, password=password), "queue": dest}
     else:
-        dest = "/queue/" + unique_name("cut")
+        dest = ("/amq/queue/" if queue_type == "quorum" else "/queue/") + queue
         with StompClient.from_uri(rabbitmq.url("stomp")) as client:
             for b in body:
                 client.send(dest, b, headers={"persistent": "true"})
