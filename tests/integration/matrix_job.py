@@ -10,9 +10,9 @@ Phases (each one SparkSession, ``local[2]``, all three formats):
   ``register`` twice, a batch write and read.
 - ``main``: automatic registration, then ``spark_mq.register`` twice; batch write and batch read;
   stream read with ``maxMessagesPerTrigger`` into the format's stream sink; ``trigger(once=True)``;
-  ``trigger(availableNow=True)``.
-- ``kill``: starts one query per format (source -> parquet file sink, small batches) and prints
-  ``READY`` once each has committed batches and has more to read; the test then SIGKILLs it.
+  ``trigger(availableNow=True)``; then it starts one query per format (source -> parquet file sink,
+  small batches) and prints ``READY`` once each has committed batches and has more to read; the
+  test then SIGKILLs it (the whole process group: a driver crash).
 - ``resume``: first continues the upgrade queries a ``resume`` on an older release left mid-run
   (when the config names them), then restarts the ``kill`` queries from their checkpoints, runs them
   until every message is in the sink, and reports what the sinks hold; finally, when the config asks
@@ -254,7 +254,10 @@ def start_and_await_kill(spark, kind: str) -> None:
     time.sleep(WAIT)  # the test kills this process (a driver crash: no stop(), no commit)
 
 
-def kill(spark) -> None:
+def main_then_kill(spark) -> None:
+    """``main``, then the ``kill`` queries in the same session (one Spark start less per release)."""
+    main(spark)
+    report("main_done")
     start_and_await_kill(spark, "kill")
 
 
@@ -334,6 +337,6 @@ if __name__ == "__main__":
         connect()
     else:
         spark = session()
-        {"main": main, "kill": kill, "resume": resume}[phase](spark)
+        {"main": main_then_kill, "resume": resume}[phase](spark)
         spark.stop()
     report("done", phase=phase)

@@ -11,8 +11,8 @@ where the whole suite runs too) with the wheel installed, three Spark driver pro
   registration, then ``register`` twice; batch write + batch read; stream read with
   ``maxMessagesPerTrigger`` into each format's stream sink; ``once`` and ``availableNow`` as
   documented for the release (docs/getting-started.md, "Spark versions");
-- ``kill``: one query per format into a parquet sink, SIGKILLed (the whole process group) once each
-  has committed batches and has more to read;
+- then, in the same session, one query per format into a parquet sink, SIGKILLed (the whole process
+  group) once each has committed batches and has more to read;
 - ``resume``: the killed queries restarted from their checkpoints; every message in the sink exactly
   once. For the upgrade pairs (4.0 -> 4.1, 4.2 -> 4.3) the older release's ``resume`` also starts a
   second set of queries and is SIGKILLed mid-run; the newer release's ``resume`` continues them from
@@ -218,9 +218,17 @@ def test_release_end_to_end(matrix, version):
     path.write_text(json.dumps(config))
     python = matrix["pythons"][version]
 
-    _check_main(r, Job(python, "main", path, work).wait())
-    _check_connect(Job(python, "connect", path, work).wait())
-    killed = Job(python, "kill", path, work).wait_ready_and_kill()
+    # the Connect server and client run beside the classic session: both wait on JVMs and brokers
+    # more than they compute, and side by side they take less time than one after the other
+    connect = Job(python, "connect", path, work)
+    main = Job(python, "main", path, work)
+    try:
+        killed = main.wait_ready_and_kill()
+        _one(killed, "main_done")
+        _check_main(r, killed)
+        _check_connect(connect.wait())
+    finally:
+        connect.kill()
     ready = _one(killed, "kill_ready")["counts"]
     assert all(0 < n < KILL_MESSAGES for n in ready.values()), f"killed mid-run: {ready}"
 

@@ -80,3 +80,58 @@ def test_spark_before_4_2_first_offset_call_without_a_start_is_never_below_the_c
     ing.log.head = ing.log.durable_head = 1500
     assert reader.latestOffset() == {"offset": 1100}  # from the last end, within the limit
     assert reader.latestOffset({"offset": 1100}, None) == {"offset": 1200}  # Spark >= 4.2: a start, limits
+
+
+class _OneBatchIngest(_Ingest):
+    """The stub ingest with what a Spark without availableNow support makes the reader use: the
+    availableNow target (fixed at once, as for a counted queue depth) for a run's first batch."""
+
+    def __init__(self, tail, head):
+        super().__init__(tail, head)
+        self.paused = False
+        self.prepared = self.ended = 0
+
+    def prepare_available_now(self):
+        self.prepared += 1
+        self.target = self.log.head
+
+    def end_available_now(self):
+        self.ended += 1
+        self.target = None
+
+    def wait_for(self, predicate, timeout):
+        return predicate()
+
+    def over_bound(self):
+        return False
+
+    def starved(self):
+        return False
+
+    def waiting_for_commit(self):
+        return False
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_without_available_now_support_a_runs_first_batch_takes_the_backlog_then_limits_apply(monkeypatch, restart):
+    """Spark 4.0/4.1 (no SupportsTriggerAvailableNow) run once and availableNow as one batch planned by
+    the run's first latestOffset(): it holds what was available at the start, read limits apply from
+    the second batch; a new query's first batch starts at initialOffset, a restart's at the log."""
+    import spark_mq.sources.base as base
+    from spark_mq import schema as S
+    from spark_mq.compat import Capabilities
+
+    monkeypatch.setattr(base, "CAPS", Capabilities("4.0.5", read_limits=False, available_now=False,
+                                                   stream_arrow_writer=False))
+    reader = base.MQStreamReader("malamute", _opts(maxMessagesPerTrigger=100), S.source_schema("malamute"), None)
+    ing = _OneBatchIngest(tail=0, head=1000)
+    reader._engine = lambda: ing
+    reader._wait_first = lambda ing: None
+    if not restart:
+        assert reader.initialOffset() == {"offset": 0}
+    assert reader.latestOffset() == {"offset": 1000}  # the whole backlog, beyond maxMessagesPerTrigger
+    assert (ing.prepared, ing.ended, ing.target) == (1, 1, None)  # the target served one batch only
+    ing.log.head = ing.log.durable_head = 1500
+    assert reader.latestOffset() == {"offset": 1100}  # then the limit
+    assert reader.latestOffset() == {"offset": 1200}
+    assert ing.prepared == 1
