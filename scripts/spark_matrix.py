@@ -62,6 +62,17 @@ UPGRADES = (("4.0.5", "4.1.4"), ("4.2.1", "4.3.0"))
 VENV_REQUIREMENTS = ("pyarrow>=15", "pyzmq>=25", "numpy>=1.21", "pandas>=2.2,<3")
 
 
+def lanes() -> list:
+    """The releases in runs that must go in order: an upgrade pair is one lane (older, then newer);
+    every other release a lane of its own. Lanes may run side by side."""
+    out, placed = [], set()
+    for older, newer in UPGRADES:
+        out.append([older, newer])
+        placed.update((older, newer))
+    out += [[r.version] for r in RELEASES if r.version not in placed]
+    return out
+
+
 def release(version: str) -> Release:
     for r in RELEASES:
         if r.version == version:

@@ -47,6 +47,9 @@ def session() -> SparkSession:
             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+            # a busy 2-core machine (two releases run side by side) can take longer than the 15 s
+            # default to start a Python worker
+            .config("spark.python.authenticate.socketTimeout", "120s")
             .getOrCreate())
 
 
@@ -297,7 +300,7 @@ def connect() -> None:
             [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
              "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
              "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+             "--conf", "spark.python.authenticate.socketTimeout=120s", "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
              "--conf", f"spark.pyspark.python={sys.executable}", "spark-internal"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ KILL_MESSAGES = 1500
 FORMATS = ("amqp08", "stomp", "malamute")
 STREAM_CAP = 200
 TRIGGER_SENT, TRIGGER_CAP = 250, 100
+LANES = 2  # releases run side by side (see the ``lanes`` fixture)
+LANE_TIMEOUT = 1400  # seconds a release's test waits for its run (its lane runs the releases before it too)
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +200,7 @@ def _check_exact(reports: list, what: str) -> None:
         assert got[0]["exact"] and got[0]["rows"] == got[0]["sent"] == got[0]["distinct"], got[0]
 
 
-@pytest.mark.parametrize("version", [r.version for r in spark_matrix.RELEASES])
-def test_release_end_to_end(matrix, version):
+def _run_release(matrix: dict, version: str) -> None:
     r = spark_matrix.release(version)
     pair = _upgrade_pair(version)
     upgrade_key = "-".join(pair) if pair else version
@@ -240,3 +242,34 @@ def test_release_end_to_end(matrix, version):
     if config["upgrade_to"]:
         left = _one(reports, "upgrade_ready")["counts"]
         assert all(0 < n < KILL_MESSAGES for n in left.values()), f"upgrade queries killed mid-run: {left}"
+
+
+@pytest.fixture(scope="module")
+def lanes(matrix):
+    """Every release's run, started at once in lanes: an upgrade pair is one lane (the newer release
+    continues the older one's queries), and the lanes run side by side. Each release's outcome is a
+    Future its test waits for. A release's processes wait on JVM start-ups, brokers and trigger
+    intervals more than they compute, so two lanes on 2 cores take less time than one after the other."""
+    futures = {r.version: Future() for r in spark_matrix.RELEASES}
+
+    def run_lane(versions) -> None:
+        for version in versions:
+            try:
+                _run_release(matrix, version)
+            except BaseException as exc:  # noqa: BLE001 - handed to the release's test
+                futures[version].set_exception(exc)
+            else:
+                futures[version].set_result(None)
+
+    pool = ThreadPoolExecutor(max_workers=LANES, thread_name_prefix="spark-matrix")
+    for versions in spark_matrix.lanes():
+        pool.submit(run_lane, versions)
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("version", [r.version for r in spark_matrix.RELEASES])
+def test_release_end_to_end(lanes, version):
+    lanes[version].result(timeout=LANE_TIMEOUT)
