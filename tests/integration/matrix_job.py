@@ -119,7 +119,7 @@ def auto_registered(spark, fmt: str) -> str:
     """Before any register call: does format(fmt) resolve? It does when pyspark registered the wheel's
     ``pyspark_<fmt>`` module itself; our option check then answers, not Spark's lookup."""
     try:
-        spark.read.format(fmt).option("noSuchOption", "1").load()
+        spark.read.format(fmt).option("noSuchOption", "1").load().schema  # Spark Connect analyses lazily
     except Exception as exc:  # noqa: BLE001 - the message says who answered
         text = str(exc)
         if "nosuchoption" in text.lower():
