@@ -8,27 +8,31 @@ notebooks start the embedded broker themselves.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT = 300
+RUN_TIMEOUT = 850  # seconds a test waits for its notebook's run (queued behind at most the others)
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def execute(name: str, monkeypatch, tmp_path, **env) -> "object":
+def execute(name: str, tmp_path: Path, **env) -> "object":
+    """Run notebook ``name`` in a fresh kernel whose environment is this process's plus ``env``."""
+    import os
+
     import nbclient
     import nbformat
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("SPARK_MQ_MALAMUTE_URI", raising=False)
+    kernel_env = {k: v for k, v in os.environ.items() if k != "SPARK_MQ_MALAMUTE_URI"}
+    kernel_env.update(env)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     try:
-        client.execute()
+        client.execute(env=kernel_env)
     except nbclient.exceptions.CellExecutionError as exc:
         raise AssertionError(f"{name} failed:\n{str(exc)[-6000:]}") from None
     return nb
@@ -42,30 +46,52 @@ def outputs(nb) -> str:
     return "\n".join(text)
 
 
+#: notebooks run side by side: each mostly waits on its kernel's Spark start and its queries
+SIDE_BY_SIDE = 2
+
+
+@pytest.fixture(scope="module")
+def runs(rabbitmq, activemq, tmp_path_factory):
+    """Every notebook run, started at once, two at a time; each test waits for its own."""
+    base = tmp_path_factory.mktemp("notebooks")
+    plan = {
+        "malamute": ("quickstart_malamute.ipynb", {}),
+        "amqp08": ("quickstart_amqp08.ipynb", {"SPARK_MQ_AMQP_URI": rabbitmq.url("amqp")}),
+        "stomp-rabbitmq": ("quickstart_stomp.ipynb", {"SPARK_MQ_STOMP_URI": rabbitmq.url("stomp")}),
+        "stomp-activemq": ("quickstart_stomp.ipynb", {"SPARK_MQ_STOMP_URI": activemq.url("stomp")}),
+        "databricks_emr": ("databricks_emr.ipynb", {"SPARK_MQ_BASE": str(base / "databricks_emr" / "base")}),
+    }
+    pool = ThreadPoolExecutor(max_workers=SIDE_BY_SIDE, thread_name_prefix="notebook")
+    futures = {}
+    for key, (name, env) in plan.items():
+        work = base / key
+        work.mkdir()
+        futures[key] = pool.submit(execute, name, work, **env)
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True)
+
+
 def test_notebooks_are_all_tested():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(
         ["quickstart_malamute.ipynb", "quickstart_amqp08.ipynb", "quickstart_stomp.ipynb", "databricks_emr.ipynb"])
 
 
-def test_quickstart_malamute(monkeypatch, tmp_path):
-    nb = execute("quickstart_malamute.ipynb", monkeypatch, tmp_path)
-    assert "broker: tcp://127.0.0.1:" in outputs(nb)
+def test_quickstart_malamute(runs):
+    assert "broker: tcp://127.0.0.1:" in outputs(runs["malamute"].result(RUN_TIMEOUT))
 
 
-def test_quickstart_amqp08(rabbitmq, monkeypatch, tmp_path):
-    nb = execute("quickstart_amqp08.ipynb", monkeypatch, tmp_path, SPARK_MQ_AMQP_URI=rabbitmq.url("amqp"))
-    assert "rows: " in outputs(nb)
+def test_quickstart_amqp08(runs):
+    assert "rows: " in outputs(runs["amqp08"].result(RUN_TIMEOUT))
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "activemq"])
-def test_quickstart_stomp(broker, request, monkeypatch, tmp_path):
-    handle = request.getfixturevalue(broker)
-    nb = execute("quickstart_stomp.ipynb", monkeypatch, tmp_path, SPARK_MQ_STOMP_URI=handle.url("stomp"))
-    assert "rows: " in outputs(nb)
+def test_quickstart_stomp(runs, broker):
+    assert "rows: " in outputs(runs[f"stomp-{broker}"].result(RUN_TIMEOUT))
 
 
-def test_databricks_emr_notebook_runs_locally(monkeypatch, tmp_path):
-    nb = execute("databricks_emr.ipynb", monkeypatch, tmp_path, SPARK_MQ_BASE=str(tmp_path / "base"))
-    text = outputs(nb)
+def test_databricks_emr_notebook_runs_locally(runs):
+    text = outputs(runs["databricks_emr"].result(RUN_TIMEOUT))
     assert "Databricks: False EMR: False" in text
     assert "registered: ['amqp08', 'stomp', 'malamute']" in text

@@ -218,10 +218,14 @@ def test_a_large_batch_of_small_bodies_is_split_by_message_count(spark, malamute
     assert max(sum(len(p) for p in parts) for parts in batches.values()) > per_partition  # a split happened
 
 
+MIN_MESSAGES_DELAY = 15.0  # maxTriggerDelay of the test below, seconds
+
+
 def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
     dest = src.new_destination()
     src.publish(dest, 0, 0)  # declares the AMQP queue
-    df = reader(spark, src, dest, tmp_path / "log", minMessagesPerTrigger=50, maxTriggerDelay="30s")
+    delay = MIN_MESSAGES_DELAY
+    df = reader(spark, src, dest, tmp_path / "log", minMessagesPerTrigger=50, maxTriggerDelay=f"{delay:g}s")
     name = f"minmsg_{src.fmt}"
     started = time.monotonic()
     q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -239,13 +243,13 @@ def test_min_messages_waits_for_max_trigger_delay(spark, src, tmp_path):
     try:
         src.publish(dest, 0, 10)  # fewer than the minimum: held until maxTriggerDelay has passed
         first = rows_after(10, 120)
-        assert first - started >= 29.5, f"a batch of 10 < minMessagesPerTrigger came after {first - started:.1f}s"
-        published = time.monotonic()
+        assert first - started >= delay - 0.5, f"a batch of 10 < minMessagesPerTrigger came after {first - started:.1f}s"
         src.publish(dest, 10, 60)  # the minimum is met: the next trigger takes them, without the delay
         # at least the minimum at once (a trigger may come while the last few are still on their way:
-        # those then wait for the delay), far sooner than the 30 s a query ignoring the minimum waits
+        # those then wait for the delay): before the delay since the last batch could have let them
+        # through, which a query ignoring the minimum would wait for
         second = rows_after(60, 90)
-        assert second - published < 10.0, f"a batch over the minimum waited {second - published:.1f}s"
+        assert second - first < delay, f"a batch over the minimum came {second - first:.1f}s after the last"
         rows_after(70, 90)
         # the memory sink shows a batch's rows before the query records that batch's progress
         deadline = time.monotonic() + 30
