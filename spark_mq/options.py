@@ -480,7 +480,8 @@ SOURCE_OPTIONS = define(
         "Also drop first deliveries whose message id is already in the log or among the last dedupWindow "
         "committed ones (for producers that resend with the same id). Off: a message the broker delivers for "
         "the first time is never dropped (business keys used as ids, such as three events of one order, stay "
-        "three messages); only deliveries the broker marks redelivered are matched.")),
+        "three messages); only deliveries the broker marks redelivered, and the first prefetch of deliveries "
+        "after a reconnect or restart (which a broker may resend unmarked), are matched.")),
     OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
                doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
     OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,

@@ -403,6 +403,7 @@ class Ingest:
         return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
 
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
+    _resend_window = 0  # first deliveries still to be matched by stable id (set at each connect)
 
     # -- the thread -----------------------------------------------------------------------------
 
@@ -467,6 +468,11 @@ class Ingest:
                     # (a pause of the lost one, or one that failed with it, says nothing of this one)
                     self.paused = False
                     self._stable_ids = getattr(consumer, "stable_ids", True)
+                    # A new session after a lost one, or the first of a restarted query: the broker
+                    # may send again messages whose acks it lost, without marking them redelivered
+                    # (ActiveMQ after a broker restart). At most a prefetch of them comes first:
+                    # those first deliveries are matched by stable id too (see _step).
+                    self._resend_window = self.prefetch if (ever_connected or self.log.head > self.log.tail) else 0
                     if down_since is not None or attempt:
                         self.reconnects += 1
                     down_since = None
@@ -588,8 +594,11 @@ class Ingest:
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
             # ids that identify a message across sessions are matched for first deliveries too only
-            # where asked for (dedupById): by default a first delivery is never dropped
-            check_all = self._stable_ids and self.opts.dedupById
+            # where asked for (dedupById) or where the broker may be resending (the first prefetch of
+            # deliveries of a session after a lost one or of a restarted query): otherwise a message
+            # the broker delivers for the first time is never dropped
+            check_all = self._stable_ids and (self.opts.dedupById or self._resend_window > 0)
+            self._resend_window = max(0, self._resend_window - len(msgs))
             group: dict = {}  # this group's identities: recorded in ``dedup`` once the group is in the log
             for msg in msgs:
                 self.consumed += 1
