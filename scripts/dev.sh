@@ -123,10 +123,24 @@ setup_brokers() {
     log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
 }
 
-setup_matrix() {
+MATRIX_PID=""
+setup_matrix_start() {
   # One virtual environment per older Spark minor for the version matrix (.venv-spark-<minor>/, cached;
   # the newest is .venv itself): tests/integration/test_spark_versions.py installs the wheel into each.
-  "$PY" scripts/spark_matrix.py venvs </dev/null || die "could not create the Spark version matrix's venvs"
+  # Made in the background while the rest of the set-up runs (mostly downloads and unpacking), where
+  # venvs can be made already; otherwise (no ensurepip: python3-venv missing) after setup_python.
+  if "$PY" -c "import ensurepip" >/dev/null 2>&1; then
+    "$PY" scripts/spark_matrix.py venvs </dev/null &
+    MATRIX_PID=$!
+  fi
+}
+setup_matrix_wait() {
+  if [ -n "$MATRIX_PID" ]; then
+    wait "$MATRIX_PID" || die "could not create the Spark version matrix's venvs (see .venv-spark-*/pip-install.log)"
+    MATRIX_PID=""
+  else
+    "$PY" scripts/spark_matrix.py venvs </dev/null || die "could not create the Spark version matrix's venvs"
+  fi
 }
 
 run_pytest() {
@@ -148,10 +162,10 @@ run_pytest() {
 verb="${1:-help}"; shift || true
 case "$verb" in
   setup)
-    setup_java; setup_python; setup_brokers; setup_matrix ;;
+    setup_matrix_start; setup_java; setup_python; setup_brokers; setup_matrix_wait ;;
   test)
     listeners_snapshot
-    setup_java; setup_python; setup_brokers; setup_matrix
+    setup_matrix_start; setup_java; setup_python; setup_brokers; setup_matrix_wait
     listeners_check "the set-up"
     rc=0; run_pytest "$@" || rc=$?
     listeners_check "the tests"

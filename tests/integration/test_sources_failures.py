@@ -1,5 +1,5 @@
 """Failure tests of the amqp08 source: the query process SIGKILLed mid-batch five times during a
-20,000-message run (restarted from its checkpoint each time), and the broker SIGKILLed and restarted
+14,000-message run (restarted from its checkpoint each time), and the broker SIGKILLed and restarted
 mid-stream. The sink must hold every message exactly once.
 
 The killed query runs in a child process (its own process group: Python driver, JVM, Python workers),
@@ -92,7 +92,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def test_query_killed_five_times_mid_batch_loses_and_duplicates_nothing(rabbitmq, unique_name, tmp_path):
     url = rabbitmq.url("amqp")
     queue = unique_name("src")
-    total = 20_000
+    total = 14_000
     publish(url, queue, total)
     script = tmp_path / "child.py"
     script.write_text(CHILD)

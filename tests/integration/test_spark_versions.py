@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 JOB = Path(__file__).with_name("matrix_job.py")
 JOB_TIMEOUT = 600
-KILL_MESSAGES = 1500
+KILL_MESSAGES = 1050
 FORMATS = ("amqp08", "stomp", "malamute")
 STREAM_CAP = 200
 TRIGGER_SENT, TRIGGER_CAP = 250, 100
