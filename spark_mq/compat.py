@@ -44,20 +44,6 @@ __all__ = [
 ]
 
 
-def _runner_passes_limits() -> bool:
-    """Does Spark's driver-side runner call ``latestOffset(start, limit)``? It does where its module
-    has the admission-control entry points; the older runner only ever calls ``latestOffset()``."""
-    try:
-        from pyspark.sql.streaming import python_streaming_source_runner as runner
-    except ImportError:
-        return False
-    try:
-        source = inspect.getsource(runner)
-    except (OSError, TypeError):  # no source shipped: fall back on the classes being there
-        return ReadMaxRows is not None
-    return "getDefaultReadLimit" in source or "limit_obj" in source
-
-
 def _arrow_schema_function() -> Callable:
     """``to_arrow_schema`` called so that TIMESTAMP maps to ``timestamp("us", tz="UTC")``: 4.2+ takes
     ``timezone="UTC"``, 4.0 and 4.1 ``timestamp_utc=True`` (their default)."""
@@ -76,7 +62,7 @@ class Capabilities:
     """The running pyspark's Python Data Source features that spark-mq adapts to."""
 
     pyspark_version: str
-    #: ReadLimit classes exist and the runner passes them: latestOffset(start, limit),
+    #: ReadLimit classes exist (and so the runner that passes them): latestOffset(start, limit),
     #: getDefaultReadLimit, reportLatestOffset
     read_limits: bool
     #: SupportsTriggerAvailableNow: trigger(availableNow=True) runs many batches up to a fixed target;
@@ -90,7 +76,8 @@ class Capabilities:
 
 
 def _detect() -> Capabilities:
-    limits = ReadMaxRows is not None and _runner_passes_limits()
+    # the ReadLimit classes and the runner that passes them to latestOffset(start, limit) ship together
+    limits = ReadMaxRows is not None
     return Capabilities(
         pyspark_version=pyspark.__version__,
         read_limits=limits,

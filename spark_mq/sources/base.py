@@ -261,7 +261,8 @@ class MQStreamReader(DataSourceStreamReader):
             # segments go only at Spark's ``commit``: with asynchronous progress tracking ``s`` may
             # not be persisted yet, and a driver crash replays batches below it from the log.
             ing.processed(s)
-        if first_call and not CAPS.available_now:
+        one_batch = first_call and not CAPS.available_now
+        if one_batch:
             self._first_batch_of_one_batch_triggers(ing, s)
             limited = False  # the whole backlog present at start, as a once/availableNow batch needs
         elif first_call:
@@ -282,7 +283,7 @@ class MQStreamReader(DataSourceStreamReader):
             self._one_batch_end = None
         if limited and not (HAS_READ_LIMITS and isinstance(limit, ReadAllAvailable)):
             end = self._apply_limits(ing, s, end)
-        elif self.opts.get("ackMode") == "commit" and end > s:
+        elif one_batch and self.opts.get("ackMode") == "commit" and end > s:
             # commit mode's acks come when Spark plans the next batch: even an unlimited batch leaves
             # room in the prefetch for the deliveries whose planning commits it
             end = min(end, s + self._max_messages())

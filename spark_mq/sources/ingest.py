@@ -608,7 +608,7 @@ class Ingest:
                     self.redeliveries += 1
                 key = self._identity_of(row[0], row[2], row[4])
                 # redeliveries are matched by stable id or content hash; first deliveries only by
-                # stable id, with dedupById (two sends of the same body, or of one id, are two messages)
+                # stable id, and only where check_all says so (two sends of one body are two messages)
                 if (redelivered or (check_all and row[2] is not None)) and (key in dedup or key in group):
                     self.duplicates += 1
                     kept_tokens.append((None, msg))
