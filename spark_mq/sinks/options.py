@@ -45,6 +45,13 @@ SINK_OPTIONS = define(
     OptionSpec("cacheConnections", OptionType.BOOL, default=True, formats=FORMATS, directions=_SNK, doc=(
         "Keep the broker connection open in the executor's Python worker between tasks and micro-batches "
         "(a connection is used by one task at a time and dropped after any error).")),
+    OptionSpec("writeName", OptionType.STRING, formats=FORMATS, directions=_SNK, doc=(
+        "A name for this write, hashed into its message ids. Ids inside a micro-batch are "
+        "<queryId>:<batchId>:<tag>:<partition>:<seq>, where the tag hashes the destination options, the column "
+        "names and the partition's first row, so two writes of one batch in foreachBatch get different ids "
+        "and a replay of the batch gets the same ones. Two writes of one batch to the same place with the "
+        "same columns whose partitions start with the same row need distinct writeNames; keep a write's "
+        "name when the query restarts.")),
     OptionSpec("ignoreExtraColumns", OptionType.BOOL, default=False, formats=FORMATS, directions=_SNK, doc=(
         "Ignore input columns the sink does not know (default: fail at query start, naming the column, "
         "which catches misspelt column names).")),

@@ -19,7 +19,7 @@ from spark_mq.errors import OptionError
 from spark_mq.options import Options
 from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, validate
 from spark_mq.sinks.options import parse_sink_options
-from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id
+from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id, write_key
 from spark_mq.sources.connect import endpoints
 
 __all__ = ["build_plan", "SPARK_OPTIONS", "COMMIT_LOG_DIR"]
@@ -64,4 +64,5 @@ def build_plan(
     plan_columns = validate(schema, columns, fmt, ignore_extra=opts.ignoreExtraColumns)
     if check is not None:
         check(opts, plan_columns)
-    return SinkPlan(fmt, opts, plan_columns, arrow_schema_of(schema), new_write_id(), open_session, make_encoder)
+    return SinkPlan(fmt, opts, plan_columns, arrow_schema_of(schema), new_write_id(),
+                    write_key(fmt, opts, schema.fieldNames()), open_session, make_encoder)

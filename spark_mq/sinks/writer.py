@@ -7,11 +7,14 @@ Responsible for:
   ``Encoder`` (in slices, so memory stays bounded), publishes them pipelined, and commits once at the
   end. Any failure rolls the transaction back, drops the session and re-raises: nothing half-published
   is reported as written.
-- the deterministic message ids: ``<queryId>:<batchId>:<partition>:<seq>`` for streams and
-  ``<writeId>:<partition>:<seq>`` for ``df.write`` (``writeId`` is fixed on the driver when the write
-  starts, so retried tasks reuse it); ``seq`` counts rows from 0 within the partition. A replayed batch
-  gets the same ids as long as its partitions hold the same rows in the same order (true for
-  replayable sources without a shuffle before the sink).
+- the deterministic message ids: ``<queryId>:<batchId>:<tag>:<partition>:<seq>`` inside a micro-batch
+  (a stream sink, or a ``df.write`` inside ``foreachBatch``) and ``<writeId>:<partition>:<seq>`` for a
+  plain ``df.write`` (``writeId`` is fixed on the driver when the write starts, so retried tasks reuse
+  it); ``seq`` counts rows from 0 within the partition. ``tag`` tells apart the writes of one batch:
+  a hash of what the write targets (``SinkPlan.write_key``: format, destination options, column names,
+  ``writeName``) and of the partition's first row. A replayed batch gets the same ids as long as its
+  partitions hold the same rows in the same order (true for replayable sources without a shuffle
+  before the sink): the first row, and so the tag, is part of that.
 - the Spark writer classes (Arrow stream writer on pyspark 4.1+, the Row writer otherwise, the Arrow
   batch writer) and the driver-side ``commit``/``abort``, which aggregate the tasks' counts per batch
   and record them idempotently (``spark_mq.sinks.commitlog``).
@@ -21,6 +24,7 @@ for options and column checks (``options``, ``columns``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -58,6 +62,10 @@ SLICE_FLUSHES = 4
 CONNECTION_KEYS = ("uri", "host", "port", "username", "password", "virtualHost", "tls", "tlsCaFile",
                    "tlsCertFile", "tlsKeyFile", "tlsVerify", "tlsServerName", "heartbeat", "connectTimeout",
                    "address")
+#: Options that choose where messages go: part of ``write_key``, so two writes of one micro-batch to
+#: different places never share ids. ``writeName`` tells apart writes that go to the same place.
+DESTINATION_KEYS = ("exchange", "routingKey", "destination", "stream", "mailbox", "service", "subject",
+                    "writeName")
 
 
 @dataclass
@@ -119,6 +127,9 @@ class SinkPlan:
     columns: ColumnPlan
     arrow_schema: pa.Schema
     write_id: str
+    #: What this write targets (see ``write_key``); with the partition's first row it tells apart the ids
+    #: of two writes of one micro-batch.
+    write_key: bytes
     open_session: Callable[[Options], Session]
     make_encoder: Callable[["SinkPlan"], Encoder]
 
@@ -136,21 +147,39 @@ def new_write_id() -> str:
 
 # -- task side ------------------------------------------------------------------------------------
 
-def _task_identity(plan: SinkPlan) -> tuple[str, int, int]:
-    """``(id prefix, partition, attempt)`` for the running task."""
+def _task_identity(plan: SinkPlan) -> tuple[Optional[str], int, int]:
+    """``(batch id prefix or None, partition, attempt)`` for the running task: the prefix
+    ``<queryId>:<batchId>:`` inside a micro-batch, None for a plain ``df.write``."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:  # outside Spark (unit tests): behave like partition 0 of a batch write
-        return f"{plan.write_id}:0:", 0, 0
-    partition = ctx.partitionId()
+        return None, 0, 0
     query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY)
     batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY)
-    if query_id and batch_id is not None:
-        prefix = f"{query_id}:{batch_id}:{partition}:"
-    else:
-        prefix = f"{plan.write_id}:{partition}:"
-    return prefix, partition, ctx.attemptNumber()
+    batch = f"{query_id}:{batch_id}:" if query_id and batch_id is not None else None
+    return batch, ctx.partitionId(), ctx.attemptNumber()
+
+
+def write_key(fmt: str, options: Options, columns: Iterable[str]) -> bytes:
+    """What a write targets, as bytes to hash into its message ids: the format, the options that
+    choose the destination, the input's column names (sorted) and ``writeName``. Tuning, endpoint and
+    credential options are left out: changing them before a replay must not change the ids."""
+    parts = [fmt] + [f"{name}={options.get(name)!r}" for name in DESTINATION_KEYS]
+    parts += sorted(c.lower() for c in columns)
+    return "\x00".join(parts).encode()
+
+
+def id_prefix(plan: SinkPlan, batch: Optional[str], partition: int, first: pa.RecordBatch) -> str:
+    """The ids' prefix for a partition whose first non-empty Arrow batch is ``first`` (see the module
+    docstring). Inside a micro-batch, two writes of one batch differ by ``plan.write_key`` or by the
+    partition's first row; a replay of the batch has both the same."""
+    if batch is None:
+        return f"{plan.write_id}:{partition}:"
+    h = hashlib.blake2b(plan.write_key, digest_size=4)
+    h.update(b"\x00")
+    h.update(repr(first.slice(0, 1).to_pylist()).encode())
+    return f"{batch}{h.hexdigest()}:{partition}:"
 
 
 def _slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
@@ -168,7 +197,8 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
     """Publish one partition in one transaction (see the module docstring)."""
     freeze_worker_heap()  # PySpark collects the worker's whole heap after each task: see workerheap
     started = time.monotonic()
-    prefix, partition, attempt = _task_identity(plan)
+    batch_prefix, partition, attempt = _task_identity(plan)
+    prefix = None  # from the first non-empty batch (see id_prefix)
     opts = plan.options
     encoder = plan.make_encoder(plan)
     key = plan.session_key()
@@ -183,6 +213,8 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
         for batch in batches:
             if batch.num_rows == 0:
                 continue
+            if prefix is None:
+                prefix = id_prefix(plan, batch_prefix, partition, batch)
             for part in _slices(batch, slice_bytes):
                 messages, nbytes = encoder.encode(part, prefix, seq)
                 session.publish(messages)
@@ -192,7 +224,7 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
         session.commit()
         ok = True
     except BaseException as exc:
-        _rollback(session, plan, prefix, seq, exc)
+        _rollback(session, plan, prefix or "", seq, exc)
         raise
     finally:
         if pooled:

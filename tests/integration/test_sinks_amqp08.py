@@ -111,7 +111,7 @@ def test_stream_of_50000_rows_read_back_by_pika(spark, rabbitmq, unique_name, tm
     assert sorted(ids) == list(range(n))
     message_ids = [props.message_id for props, _ in got]
     assert len(set(message_ids)) == n
-    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:([01]):(\d+)$")
+    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:[0-9a-f]{{8}}:([01]):(\d+)$")
     parts = Counter(pattern.match(m).group(1) for m in message_ids)
     assert set(parts) == {"0", "1"} and sum(parts.values()) == n
     # within a partition, the sequence numbers are 0..count-1 in publish order
@@ -147,7 +147,7 @@ def test_failure_mid_partition_rolls_back_and_replay_is_deduplicable(spark, rabb
     query = start()  # restart: batch 0 is replayed with the same batch id
     got = read_back(rabbitmq, queue, n)
     by_id = Counter(props.message_id for props, _ in got)
-    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:([01]):(\d+)$")
+    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:[0-9a-f]{{8}}:([01]):(\d+)$")
     assert all(pattern.match(m) for m in by_id)
     faulty = {m: c for m, c in by_id.items() if pattern.match(m).group(1) == "1"}
     other = {m: c for m, c in by_id.items() if pattern.match(m).group(1) == "0"}
@@ -222,3 +222,45 @@ def test_broker_memory_alarm_pauses_the_writer_instead_of_failing_it(spark, rabb
     assert seen.get("depth") == 0  # ...with nothing committed while it lasted
     got = read_back(broker, queue, n)  # ...and then delivered everything
     assert sorted(row_id(body) for _, body in got) == list(range(n))
+
+
+@pytest.mark.timeout(420)
+def test_two_writes_of_one_foreach_batch_get_distinct_ids_that_a_replay_repeats(spark, rabbitmq, unique_name,
+                                                                                 tmp_path):
+    """Issue 43 item 6: two ``df.write`` of one micro-batch inside ``foreachBatch`` (even rows, then odd
+    rows, to the same queue) both ran under the batch's ``queryId:batchId`` and took the same ids, so a
+    consumer dropping repeated ids dropped the second write. Ids now differ between the writes and stay
+    the same when the batch is replayed (the first run fails after both writes; the restart replays it)."""
+    from pyspark.errors import StreamingQueryException
+
+    n = 2_000
+    queue = unique_name("sinkfb")
+    declare(rabbitmq, queue)
+    make_input(spark, str(tmp_path / "in"), n)
+    stream = spark.readStream.schema(spark.read.parquet(str(tmp_path / "in")).schema).parquet(str(tmp_path / "in"))
+    failed_once = tmp_path / "failed-once"
+    url = rabbitmq.url("amqp")
+
+    def both(df, batch_id):
+        for parity in (0, 1):
+            (df.filter(F.col("id") % 2 == parity).select("body", "headers")
+             .write.format("amqp08").mode("append").option("uri", url).option("routingKey", queue).save())
+        if not failed_once.exists():
+            failed_once.touch()
+            raise RuntimeError("injected failure after both writes of the batch")
+
+    writer = stream.writeStream.foreachBatch(both).option("checkpointLocation", str(tmp_path / "ck"))
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        run_available_now(writer, QUERY_TIMEOUT)
+    run_available_now(writer, QUERY_TIMEOUT)  # replays batch 0: both writes again
+
+    got = read_back(rabbitmq, queue, 2 * n)
+    assert len(got) == 2 * n
+    bodies_by_id: dict = {}
+    for props, body in got:
+        bodies_by_id.setdefault(props.message_id, []).append(body)
+    # every row has an id of its own: the two writes did not collide ...
+    assert len(bodies_by_id) == n
+    # ... and the replay sent each row again under the same id
+    assert all(len(bodies) == 2 and bodies[0] == bodies[1] for bodies in bodies_by_id.values())
+    assert sorted(row_id(bodies[0]) for bodies in bodies_by_id.values()) == list(range(n))

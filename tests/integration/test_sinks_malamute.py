@@ -117,7 +117,7 @@ def test_mailbox_failure_mid_partition_replay_is_deduplicable_by_tracker(spark, 
             stream_to(spark, broker, str(tmp_path / "in"), checkpoint, "sinktest_faulty", **options)
         query = stream_to(spark, broker, str(tmp_path / "in"), checkpoint, "sinktest_faulty", **options)
         got = read_all(reader, n)
-    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:([01]):(\d+)$")
+    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:[0-9a-f]{{8}}:([01]):(\d+)$")
     counts = Counter(m.tracker for m in got)
     assert all(pattern.match(t) for t in counts)
     assert max(counts.values()) <= 2

@@ -108,7 +108,7 @@ def test_stream_of_50000_rows_read_back_by_stomp_py(spark, stomp_broker, unique_
     query = stream_to(spark, stomp_broker, str(tmp_path / "in"), destination, checkpoint)
     got = read_back(stomp_broker, destination, n)
     assert len(got) == n
-    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:([0-3]):(\d+)$")
+    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:[0-9a-f]{{8}}:([0-3]):(\d+)$")
     ids = []
     for headers, body in got:
         i = row_id(body)
@@ -136,7 +136,7 @@ def test_failure_mid_partition_is_aborted_and_replay_is_deduplicable(spark, stom
     query = stream_to(spark, stomp_broker, str(tmp_path / "in"), destination, checkpoint, "sinktest_faulty", **fault)
     got = read_back(stomp_broker, destination, n)
     by_id = Counter(h[MESSAGE_ID_HEADER] for h, _ in got)
-    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:([01]):(\d+)$")
+    pattern = re.compile(rf"^{re.escape(str(query.id))}:0:[0-9a-f]{{8}}:([01]):(\d+)$")
     assert all(pattern.match(m) for m in by_id)
     faulty = [c for m, c in by_id.items() if pattern.match(m).group(1) == "1"]
     other = [c for m, c in by_id.items() if pattern.match(m).group(1) == "0"]

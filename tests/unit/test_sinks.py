@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 
 import pyarrow as pa
 import pytest
@@ -360,3 +361,27 @@ def test_options_spark_adds_itself_are_not_unknown_options():
     assert plan.columns.names == ("body",)
     with pytest.raises(OptionError, match="notAnOption"):
         amqp_plan(schema(("body", BinaryType())), notAnOption="x")
+
+
+def test_ids_inside_a_micro_batch_tell_writes_apart_and_repeat_on_replay():
+    """Issue 43 item 6: the id prefix of a partition inside a micro-batch hashes what the write targets
+    and the partition's first row; a plain df.write keeps its per-write uuid."""
+    from spark_mq.sinks.writer import id_prefix
+
+    sch = schema(("body", BinaryType()))
+    first = pa.record_batch([pa.array([b"row-0", b"row-1"])], names=["body"])
+    other = pa.record_batch([pa.array([b"row-1", b"row-0"])], names=["body"])
+    plan = amqp_plan(sch, routingKey="q")
+    batch = "qid:7:"
+    same = id_prefix(plan, batch, 3, first)
+    assert re.fullmatch(r"qid:7:[0-9a-f]{8}:3:", same)
+    # a replay: another plan of the same write (a new writeId) over the same rows gets the same prefix
+    assert id_prefix(amqp_plan(sch, routingKey="q"), batch, 3, first) == same
+    # tuning options are not part of it: a replay with other timeouts keeps its ids
+    assert id_prefix(amqp_plan(sch, routingKey="q", commitTimeout="5s"), batch, 3, first) == same
+    # another destination, another writeName, or another first row: another prefix
+    assert id_prefix(amqp_plan(sch, routingKey="r"), batch, 3, first) != same
+    assert id_prefix(amqp_plan(sch, routingKey="q", writeName="audit"), batch, 3, first) != same
+    assert id_prefix(plan, batch, 3, other) != same
+    # a plain df.write: the write's own id, no hashing
+    assert id_prefix(plan, None, 3, first) == f"{plan.write_id}:3:"
