@@ -17,7 +17,8 @@ from pyspark.sql.types import StructType
 
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
-from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, validate
+from spark_mq.sinks.bridge import Bridge, detect
+from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, SinkSchemaError, validate
 from spark_mq.sinks.options import parse_sink_options
 from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id, write_key
 from spark_mq.sources.connect import endpoints
@@ -61,8 +62,25 @@ def build_plan(
         if local:
             opts = opts.replace(commitLogLocation=os.path.join(local, COMMIT_LOG_DIR))
     endpoints(opts)  # URI errors here, on the driver, not in every task
-    plan_columns = validate(schema, columns, fmt, ignore_extra=opts.ignoreExtraColumns)
+    bridge = _bridge(fmt, schema, opts)
+    checked = schema if bridge is None else bridge.output_schema()
+    plan_columns = validate(checked, columns, fmt, ignore_extra=opts.ignoreExtraColumns)
     if check is not None:
         check(opts, plan_columns)
     return SinkPlan(fmt, opts, plan_columns, arrow_schema_of(schema), new_write_id(),
-                    write_key(fmt, opts, schema.fieldNames()), open_session, make_encoder)
+                    write_key(fmt, opts, schema.fieldNames()), open_session, make_encoder, bridge)
+
+
+def _bridge(fmt: str, schema: StructType, opts) -> Optional[Bridge]:
+    """A ``Bridge`` when the input is a spark-mq source's rows (see ``spark_mq.sinks.bridge``)."""
+    fields = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    found = detect(fields)
+    if found is None:
+        return None
+    source, unknown = found
+    if unknown and not opts.ignoreExtraColumns:
+        raise SinkSchemaError(
+            f"the DataFrame cannot be written to the {fmt} sink: it holds the rows of a {source} source, and "
+            + "; ".join(f"column {name!r} is not a column of that source" for name in unknown)
+            + " (set ignoreExtraColumns=true to ignore them)")
+    return Bridge(source, fmt, fields, opts, unknown)

@@ -132,6 +132,9 @@ class SinkPlan:
     write_key: bytes
     open_session: Callable[[Options], Session]
     make_encoder: Callable[["SinkPlan"], Encoder]
+    #: Converts a source's rows into this sink's columns in the task (``spark_mq.sinks.bridge``); None
+    #: when the input holds the sink's own columns.
+    bridge: Optional[object] = None
 
     def session_key(self) -> tuple:
         opts = self.options
@@ -213,6 +216,8 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
         for batch in batches:
             if batch.num_rows == 0:
                 continue
+            if plan.bridge is not None:
+                batch = plan.bridge.convert(batch)
             if prefix is None:
                 prefix = id_prefix(plan, batch_prefix, partition, batch)
             for part in _slices(batch, slice_bytes):

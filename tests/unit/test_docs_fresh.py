@@ -95,3 +95,11 @@ def test_pyproject_states_the_tested_range():
     major, minor = newest.minor.split(".")
     assert pyspark.replace(" ", "") == f"pyspark>={oldest.minor},<{major}.{int(minor) + 1}", pyspark
     assert [r.minor for r in spark_matrix.RELEASES] == ["4.0", "4.1", "4.2", "4.3"]
+
+
+def test_bridge_mapping_table_is_fresh():
+    gen = _load(ROOT / "scripts" / "gen_docs.py")
+    text = (ROOT / gen.BRIDGE_FILE).read_text()
+    assert gen.BRIDGE_BEGIN in text and gen.BRIDGE_END in text, "docs/bridges.md lost its table markers"
+    assert text == gen.with_bridge_table(text), "docs/bridges.md: the mapping table is stale: run " \
+        "`python scripts/gen_docs.py` and commit the result"
