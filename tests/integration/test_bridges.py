@@ -10,8 +10,14 @@ body, the application headers, the properties each protocol can carry, and the m
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pika
@@ -72,6 +78,9 @@ class AmqpEnd:
     def source_options(self) -> dict:
         return {"uri": self.url, "queue": self.queue}
 
+    def cli(self) -> tuple:
+        return self.url, self.queue
+
     def sink_options(self) -> dict:
         return {"uri": self.url, "routingKey": self.queue}
 
@@ -114,6 +123,9 @@ class StompEnd:
 
     def source_options(self) -> dict:
         return {"uri": self.url, "destination": self.destination}
+
+    def cli(self) -> tuple:
+        return self.url, self.destination
 
     def sink_options(self) -> dict:
         return {"uri": self.url, "destination": self.destination}
@@ -170,6 +182,9 @@ class MalamuteEnd:
 
     def source_options(self) -> dict:
         return {"uri": self.endpoint, "mailbox": self.mailbox}
+
+    def cli(self) -> tuple:
+        return self.endpoint, f"mailbox:{self.mailbox}"
 
     def sink_options(self) -> dict:
         return {"uri": self.endpoint, "mailbox": self.mailbox}
@@ -249,3 +264,85 @@ def test_each_source_writes_straight_into_each_sink(spark, request, unique_name,
         want = expected_fields(source, sink, i)
         assert {k: fields.get(k) for k in want} == want, (i, fields)
     assert len({ident for _, ident, _ in got}) == N  # every message kept an id of its own
+
+
+# -- a bridge under SIGKILL --------------------------------------------------------------------------
+
+KILL_N = 6_000
+
+
+def _batches(ckpt: Path, log: str) -> int:
+    d = ckpt / log
+    return max((int(f) for f in os.listdir(d) if f.isdigit()), default=-1) if d.exists() else -1
+
+
+def _bridge_cmd(src, dst, state: Path, *extra: str) -> list:
+    (src_uri, src_target), (dst_uri, dst_target) = src.cli(), dst.cli()
+    return [sys.executable, "-m", "spark_mq.cli", "bridge", src_uri, dst_uri, "--from", src_target, "--to", dst_target,
+            "--state", str(state), "-I", "maxMessagesPerTrigger=250", "-I", "quietPeriod=1",
+            "--trigger-interval", "0.1", "--progress-interval", "1", *extra]
+
+
+def _start(cmd: list, log_file) -> subprocess.Popen:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("source,sink", [("amqp08", "stomp"), ("stomp", "amqp08"), ("malamute", "amqp08")])
+def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_per_message(
+        request, unique_name, tmp_path, source, sink):
+    """``spark-mq bridge`` SIGKILLed (its whole process group: driver, JVM, workers) three times inside a
+    batch and run again on its state each time, then once more with --available-now: every message
+    reaches the sink, each under one id of its own, so a consumer that drops repeated ids (a replayed
+    batch is published again) sees each message exactly once."""
+    src = end(source, request, unique_name(f"bk-in-{source}"))
+    dst = end(sink, request, unique_name(f"bk-out-{sink}"))
+    src.produce(KILL_N)
+    state = tmp_path / "state"
+    ckpt = state / "checkpoint"
+    rng = random.Random(46)
+    kills = attempts = 0
+    with open(tmp_path / "bridge.log", "w") as out:
+        while kills < 3 and attempts < 8:
+            attempts += 1
+            before = _batches(ckpt, "commits")
+            proc = _start(_bridge_cmd(src, dst, state), out)
+            try:
+                deadline = time.monotonic() + 180
+                while _batches(ckpt, "commits") <= before and time.monotonic() < deadline:
+                    if proc.poll() is not None:
+                        pytest.fail(f"the bridge exited ({proc.returncode}); see {tmp_path}/bridge.log")
+                    time.sleep(0.1)
+                assert _batches(ckpt, "commits") > before, "no batch committed within 180s"
+                deadline = time.monotonic() + 60
+                while _batches(ckpt, "offsets") <= _batches(ckpt, "commits") and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.0, 0.2))
+            finally:
+                _kill(proc)
+            kills += _batches(ckpt, "offsets") > _batches(ckpt, "commits")
+        assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
+        proc = _start(_bridge_cmd(src, dst, state, "--available-now"), out)
+        try:
+            assert proc.wait(400) == 0, f"the final run failed; see {tmp_path}/bridge.log"
+        finally:
+            _kill(proc)
+    assert "bridge: done:" in (tmp_path / "bridge.log").read_text()
+    got = dst.read_back(KILL_N)
+    by_id: dict = {}
+    for i, ident, _ in got:
+        by_id.setdefault(ident, set()).add(i)
+    assert all(len(bodies) == 1 for bodies in by_id.values()), "an id was given to two messages"
+    assert sorted(i for bodies in by_id.values() for i in bodies) == list(range(KILL_N)), \
+        f"{len(by_id)} distinct ids for {KILL_N} messages"
+    for ident, bodies in by_id.items():
+        check_id(source, next(iter(bodies)), ident)

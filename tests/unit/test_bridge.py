@@ -146,3 +146,32 @@ def test_unknown_columns_still_fail_and_a_subset_is_not_a_bridge():
     plan = amqp08.create_stream_writer({**SINKS["amqp08"][1], "ignoreExtraColumns": "true"}, extra, False).plan
     assert plan.bridge is not None
     assert detect([("body", "binary"), ("headers", "map<string,string>")]) is None
+
+
+def test_bridge_command_targets_and_progress_line():
+    from spark_mq.bridge_job import BridgeUsageError, progress_line, target_options
+
+    assert target_options("amqp08", "orders", "source") == {"queue": "orders"}
+    assert target_options("amqp08", "orders", "sink") == {"routingKey": "orders"}
+    assert target_options("stomp", "/queue/a", "sink") == {"destination": "/queue/a"}
+    assert target_options("malamute", "weather", "source") == {"stream": "weather"}
+    assert target_options("malamute", "mailbox:alice", "sink") == {"mailbox": "alice"}
+    with pytest.raises(BridgeUsageError, match="stream:NAME, mailbox:NAME or service:NAME"):
+        target_options("malamute", "queue:x", "source")
+    progress = {"batchId": 4, "processedRowsPerSecond": 2500.0,
+                "sources": [{"latestOffset": '{"offset": 900, "logHead": 1000, "brokerQueueDepth": 50, '
+                                             '"reconnects": 2, "connected": true}',
+                             "endOffset": '{"offset": 900}'}]}
+    line = progress_line(progress, 12_000, 10.0)
+    assert line == ("bridge: batch 4, 12,000 messages in 10s (1,200/s overall, 2,500/s last batch), "
+                    "backlog 150, 2 reconnects")
+    assert progress_line(None, 0, 1.0) == "bridge: batch -, 0 messages in 1s (0/s overall)"
+
+
+def test_bridge_command_usage_errors_name_the_argument(capsys):
+    from spark_mq.cli import EXIT_USAGE, main
+
+    assert main(["bridge", "http://x", "amqp://h/%2F", "--from", "a", "--to", "b"]) == EXIT_USAGE
+    assert "FROM_URI" in capsys.readouterr().err
+    assert main(["bridge", "tcp://127.0.0.1:1", "amqp://h/%2F", "--from", "topic:x", "--to", "b"]) == EXIT_USAGE
+    assert "Malamute target 'topic:x'" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""A bridge's rate against the slower of its two ends, measured in the same run (issue 46).
+
+For each pair (amqp08 -> amqp08 on RabbitMQ, stomp on RabbitMQ's STOMP plugin -> amqp08, malamute on
+the embedded broker -> amqp08) and each round, three ``trigger(availableNow=True)`` queries over the
+same ``N`` messages (100 B bodies by default):
+
+- the source alone: the source's format into Spark's ``noop`` sink (drain, log, micro-batches);
+- the sink alone: the same rows (the source's own schema, saved to Parquet once, not timed) from a
+  Parquet stream into the sink: what the sink costs with the bridge mapping, without a broker to read;
+- the bridge: the source's format straight into the sink.
+
+Each rate is messages / wall seconds from ``start()`` to termination. The ratio is the bridge's rate
+over the lower of the two others; the target is ``TARGET``. The round with the median ratio is
+reported, every round kept in bench/results/bridges.json.
+
+    python -m bench bridges                       # 3 rounds x 3 pairs x 100,000 messages
+    python -m bench bridges --n=20000 --rounds=1  # a quick look (partial: no results file)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+from bench.bench_sources import _arg, amqp_preload, mlm_preload, stomp_preload
+from bench.common import harness, settle, write_results
+
+TARGET = 0.7
+N = 100_000
+ROUNDS = 3
+BODY = 100
+
+
+def _purge(url: str, queue: str) -> int:
+    from spark_mq.clients.amqp08 import Connection
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        return ch.queue_purge(queue) or 0
+
+
+def _depth(url: str, queue: str) -> int:
+    from spark_mq.clients.amqp08 import Connection
+    with Connection.from_url(url) as conn:
+        return conn.channel().queue_declare(queue, passive=True).message_count
+
+
+def _timed(writer) -> tuple:
+    t0 = time.perf_counter()
+    q = writer.trigger(availableNow=True).start()
+    q.awaitTermination(1200)
+    seconds = time.perf_counter() - t0
+    if q.exception() is not None:
+        raise RuntimeError(f"query failed: {q.exception()}")
+    return sum(p["numInputRows"] for p in q.recentProgress), seconds
+
+
+def _read(spark, fmt: str, options: dict, scratch: str):
+    r = spark.readStream.format(fmt).option("logLocation", os.path.join(scratch, f"log-{uuid.uuid4().hex[:6]}"))
+    return r.option("quietPeriod", "0.5").options(**options).load()
+
+
+def _ckpt(scratch: str) -> str:
+    return os.path.join(scratch, f"ckpt-{uuid.uuid4().hex[:6]}")
+
+
+def run_pair(spark, name: str, preload, source_fmt: str, source_options, amqp_url: str, n: int) -> dict:
+    scratch = tempfile.mkdtemp(prefix="bench-bridge-")
+    out_queue = f"bench-bridge-out-{uuid.uuid4().hex[:6]}"
+    sink_options = {"uri": amqp_url, "routingKey": out_queue}
+    try:
+        _purge(amqp_url, out_queue)
+        # the rows the sink-alone run writes: the source's own rows, saved once (not timed)
+        dest = f"{name}-rows-{uuid.uuid4().hex[:6]}"
+        preload(dest, n, BODY)
+        parquet = os.path.join(scratch, "rows")
+        got, _ = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream.format("parquet")
+                        .option("path", parquet).option("checkpointLocation", _ckpt(scratch)))
+        assert got == n, f"{name}: saved {got} of {n} rows"
+        schema = spark.read.parquet(parquet).schema
+
+        dest = f"{name}-src-{uuid.uuid4().hex[:6]}"
+        preload(dest, n, BODY)
+        settle()
+        got_src, src_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream.format("noop")
+                                .option("checkpointLocation", _ckpt(scratch)))
+
+        settle()
+        got_sink, sink_s = _timed(spark.readStream.schema(schema).parquet(parquet).writeStream.format("amqp08")
+                                  .options(**sink_options).option("checkpointLocation", _ckpt(scratch)))
+        delivered_sink = _depth(amqp_url, out_queue)
+        _purge(amqp_url, out_queue)
+
+        dest = f"{name}-bridge-{uuid.uuid4().hex[:6]}"
+        preload(dest, n, BODY)
+        settle()
+        got_bridge, bridge_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream
+                                      .format("amqp08").options(**sink_options)
+                                      .option("checkpointLocation", _ckpt(scratch)))
+        delivered_bridge = _depth(amqp_url, out_queue)
+        _purge(amqp_url, out_queue)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not (got_src == got_sink == got_bridge == n == delivered_sink == delivered_bridge):
+        raise RuntimeError(f"{name}: source {got_src}, sink {got_sink} (delivered {delivered_sink}), bridge "
+                           f"{got_bridge} (delivered {delivered_bridge}) of {n}: not the same work")
+    src_rate, sink_rate, bridge_rate = n / src_s, n / sink_s, n / bridge_s
+    return {"n": n, "source_msgs_per_s": src_rate, "sink_msgs_per_s": sink_rate, "bridge_msgs_per_s": bridge_rate,
+            "ratio": bridge_rate / min(src_rate, sink_rate)}
+
+
+def main(argv: list[str]) -> dict:
+    n = _arg(argv, "n", N)
+    rounds = max(1, _arg(argv, "rounds", ROUNDS))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    brokers = harness()
+    from spark_mq.malamute_broker.testing import BrokerProcess
+
+    rabbit = brokers.start_rabbitmq()
+    mlm = BrokerProcess(client_timeout=60.0, args=("--max-queue", str(max(4 * n, 100_000))))
+    mlm.start()
+    from pyspark.sql import SparkSession
+
+    import spark_mq
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_mq.register(spark)
+    amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")
+    pairs = {
+        "amqp08->amqp08": (lambda d, k, s: amqp_preload(amqp_url, d, k, s), "amqp08",
+                           lambda d: {"uri": amqp_url, "queue": d}),
+        "stomp->amqp08": (lambda d, k, s: stomp_preload(stomp_url, "/queue/" + d, k, s), "stomp",
+                          lambda d: {"uri": stomp_url, "destination": "/queue/" + d}),
+        "malamute->amqp08": (lambda d, k, s: mlm_preload(mlm.endpoint, d, k, s), "malamute",
+                             lambda d: {"uri": mlm.endpoint, "mailbox": d}),
+    }
+    figures: dict = {"n": n, "body_bytes": BODY, "rounds": rounds, "target_ratio": TARGET, "pairs": {}}
+    try:
+        # one unmeasured small bridge per pair: Python workers started, first-query costs paid
+        for pair, (preload, fmt, options) in pairs.items():
+            run_pair(spark, "warm", preload, fmt, options, amqp_url, 2_000)
+        for pair, (preload, fmt, options) in pairs.items():
+            runs = []
+            for rnd in range(rounds):
+                row = run_pair(spark, f"bench-{fmt}", preload, fmt, options, amqp_url, n)
+                runs.append(row)
+                print(f"{pair} round {rnd + 1}: source {row['source_msgs_per_s']:,.0f}/s, sink "
+                      f"{row['sink_msgs_per_s']:,.0f}/s, bridge {row['bridge_msgs_per_s']:,.0f}/s, ratio to the "
+                      f"slower end {row['ratio']:.2f} (target {TARGET})", flush=True)
+            median = statistics.median_low([r["ratio"] for r in runs])
+            chosen = next(r for r in runs if r["ratio"] == median)
+            figures["pairs"][pair] = {**chosen, "rounds": runs}
+            print(f"{pair}: median ratio {median:.2f} ({'meets' if median >= TARGET else 'below'} the target {TARGET})",
+                  flush=True)
+    finally:
+        spark.stop()
+        mlm.stop()
+        rabbit.stop()
+    write_results("bridges", figures, partial=(n != N or rounds != ROUNDS))
+    return figures
