@@ -11,7 +11,9 @@ Responsible for: the STOMP-specific parts only: SUBSCRIBE with ``ack:client`` (`
 Identity for de-duplication: ``message-id`` where the broker keeps it across redeliveries
 (ActiveMQ); RabbitMQ makes a new one per session, so there a hash of body and user headers is
 used, checked only for redelivered messages (``redelivered:true``). The queue depth is unknown in
-STOMP: availableNow ends after ``quietPeriod`` without messages.
+STOMP: on ActiveMQ, availableNow and batch reads end at the first message the broker stamped after
+their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
+RabbitMQ ends after ``availableNowTimeout`` at the latest.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class StompConsumer:
         profile = self.client.broker
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
+        self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
         try:
             self._subscribe()
         except BaseException as exc:
@@ -118,6 +121,12 @@ class StompConsumer:
 
     def keepalive(self) -> None:
         return None  # the client's reader thread keeps the heartbeat
+
+    def broker_stamp_ms(self, frame) -> Optional[int]:
+        """When the broker took the message in (ms since the epoch), where the broker says so:
+        ActiveMQ stamps every message it is sent (``timestamp``), whatever the producer; on RabbitMQ
+        a ``timestamp`` header is the producer's own, if any, and tells nothing."""
+        return _int(frame.headers.get("timestamp")) if self.broker_stamps else None
 
     def depth(self):
         return None
