@@ -107,7 +107,11 @@ class DrainEnd:
         heard_at = getattr(self.consumer, "heard_at", None)
         if heard_at is not None:
             now = min(now, heard_at())
-        return now - self.last
+        last = self.last
+        active_at = getattr(self.consumer, "active_at", None)
+        if active_at is not None:
+            last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+        return now - last
 
     def over(self, empty: bool = True) -> bool:
         """Whether the drain is done; ``empty``: the last poll returned nothing (only then can the
@@ -307,12 +311,12 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         _save_state(log_, state)
         location = opts.logLocation
         if head <= start:
-            return [LogPartition(0, start, start, (), None, location, True)]
+            return [LogPartition(0, start, start, (), None, location, opts.failOnDataLoss)]
         count = head - start
         n = partition_count(count, log_.body_bytes(start, head), opts)
         bounds = [start + (count * i) // n for i in range(n + 1)]
         return [LogPartition(i, bounds[i], bounds[i + 1], tuple(log_.slices(bounds[i], bounds[i + 1])), None,
-                             location, True) for i in range(n)]
+                             location, opts.failOnDataLoss) for i in range(n)]
     finally:
         log_.close()
 

@@ -846,14 +846,19 @@ class Ingest:
     def _silent_for(self, consumer, now: float) -> float:
         """Seconds without deliveries that count as the broker's silence: where the client hears the
         broker's heartbeats (Malamute), only up to the last time it heard them, so a broker that
-        stopped (paused, stalled) is not taken for an empty one."""
-        heard_at = getattr(consumer, "heard_at", None)
-        if heard_at is not None:
-            try:
+        stopped (paused, stalled) is not taken for an empty one; where the client tells when bytes
+        last came (STOMP), from then: a large frame still arriving is not silence."""
+        last = self.last_message
+        try:
+            heard_at = getattr(consumer, "heard_at", None)
+            if heard_at is not None:
                 now = min(now, heard_at())
-            except Exception:  # noqa: BLE001 - a closed client: plain silence
-                pass
-        return now - self.last_message
+            active_at = getattr(consumer, "active_at", None)
+            if active_at is not None:
+                last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+        except Exception:  # noqa: BLE001 - a closed client: plain silence
+            pass
+        return now - last
 
     def _maybe_fix_target(self, consumer, quiet_ok: bool) -> None:
         if not self._available_now or self.target is not None or self._want_depth:

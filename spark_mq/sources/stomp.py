@@ -128,6 +128,11 @@ class StompConsumer:
         a ``timestamp`` header is the producer's own, if any, and tells nothing."""
         return _int(frame.headers.get("timestamp")) if self.broker_stamps else None
 
+    def active_at(self) -> Optional[float]:
+        """When bytes last came from the broker: a large frame still arriving is not silence (an
+        ActiveMQ batch read with a 5 MB message on a busy machine ended early at the quiet period)."""
+        return self.client.received_at
+
     def depth(self):
         return None
 

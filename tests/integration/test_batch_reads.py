@@ -179,9 +179,10 @@ class _StallingRelay:
     to the client, passes nothing more from the broker for ``pause`` seconds: to the client, a
     broker that stopped mid-read (sockets open, nothing flows), at a point fixed in bytes."""
 
-    def __init__(self, host: str, port: int, after: int, pause: float) -> None:
+    def __init__(self, host: str, port: int, after: int, pause: float, trickle: bool = False) -> None:
         self.target = (host, port)
         self.after, self.pause = after, pause
+        self.trickle = trickle  # during the pause, one byte every 0.25 s: a frame arriving slowly
         self.passed = 0
         self.stalled = False
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -234,7 +235,13 @@ class _StallingRelay:
                     dst.sendall(data[:cut])
                     self.passed += cut
                     data = data[cut:]
-                    self._stop.wait(self.pause)
+                    until = time.monotonic() + self.pause
+                    while time.monotonic() < until and not self._stop.is_set():
+                        if self.trickle and len(data) > 1:
+                            dst.sendall(data[:1])
+                            self.passed += 1
+                            data = data[1:]
+                        self._stop.wait(0.25)
                 self.passed += len(data)
             try:
                 dst.sendall(data)
@@ -271,6 +278,29 @@ def test_batch_read_does_not_end_while_the_malamute_broker_is_silent(spark, mala
     with _StallingRelay(host, int(port), after=100 * 1024, pause=3.0) as relay:
         df = (spark.read.format("malamute").option("uri", f"tcp://127.0.0.1:{relay.port}")
               .option("mailbox", mailbox).option("quietPeriod", "1").load())
+        got = [r.body for r in df.collect()]
+    assert relay.stalled
+    assert sorted(got) == sorted(bodies), f"{len(got)} of {len(bodies)}"
+
+
+def test_batch_read_does_not_end_while_a_stomp_frame_is_still_arriving(spark, activemq, unique_name):
+    """A broker sending a large frame slowly (the issue's case: 300 messages and one of 5 MB on
+    ActiveMQ, a busy machine, 200 returned): bytes of a frame still arriving are not silence. Made
+    deterministic by a relay that passes one byte every 0.25 s for 3 s (three quiet periods) after
+    about a third of the queue."""
+    dest = "/queue/" + unique_name("trickle")
+    bodies = [bytes([i % 256]) + b"\x00\xff" + f"t{i:04d}".encode() + b"." * 1000 for i in range(300)]
+    url = activemq.url("stomp")
+    with StompClient.from_uri(url) as client:
+        for body in bodies:
+            client.send(dest, body)
+        client.flush()
+    host_port = url.rsplit("@", 1)[-1]
+    host, port = host_port.rsplit(":", 1)
+    with _StallingRelay(host, int(port), after=100 * 1024, pause=3.0, trickle=True) as relay:
+        relayed = url.replace(f"{host}:{port}", f"127.0.0.1:{relay.port}")
+        df = (spark.read.format("stomp").option("uri", relayed).option("destination", dest)
+              .option("quietPeriod", "1").load())
         got = [r.body for r in df.collect()]
     assert relay.stalled
     assert sorted(got) == sorted(bodies), f"{len(got)} of {len(bodies)}"
