@@ -506,10 +506,10 @@ SOURCE_OPTIONS = define(
     OptionSpec("readTimeout", OptionType.DURATION, default=30.0, minimum=0, directions=_SRC,
                doc="Batch reads: stop after this long even if messages keep arriving."),
     OptionSpec("availableNowTimeout", OptionType.DURATION, default=300.0, minimum=0, directions=_SRC, doc=(
-        "availableNow, where the broker tells neither a queue depth nor when a message came (STOMP on "
-        "RabbitMQ, Malamute): the run's drain ends after this long even if messages keep arriving (a "
-        "destination a producer keeps feeding never falls quiet); what comes later is read by the next run. "
-        "A queue depth (AMQP) or the broker's timestamps (ActiveMQ) end the drain without it.")),
+        "availableNow, where the broker tells no queue depth (STOMP, Malamute): the run's drain ends after "
+        "this long even if messages keep arriving (a destination a producer keeps feeding never falls "
+        "quiet); what comes later is read by the next run. On ActiveMQ the first message stamped after the "
+        "run began ends it sooner; AMQP ends at the queue depth counted at the start.")),
     OptionSpec("maxTaskBytes", OptionType.SIZE, default=64 << 20, minimum=64 << 10, directions=_SRC, doc=(
         "Batch reads without logLocation: the Arrow data a partition carries inside its task is at most "
         "this large, far below Spark's spark.rpc.message.maxSize (128 MiB by default), above which the "

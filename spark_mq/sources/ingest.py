@@ -890,11 +890,11 @@ class Ingest:
                 quiet = True
             else:
                 quiet = self._depth_now(consumer) == 0 and consumer.buffered() == 0
-        # Where neither a depth nor the broker's stamps say what was there at the start, a destination
-        # a producer keeps feeding never falls quiet: the run ends at availableNowTimeout
+        # Where no depth says what was there at the start, a destination a producer keeps feeding
+        # never falls quiet: the run ends at availableNowTimeout. ActiveMQ's stamps end it sooner
+        # (_stamped_end), unless producers set the ``timestamp`` header themselves (ActiveMQ keeps theirs)
         timeout = self.opts.availableNowTimeout
-        capped = (not reached and not quiet and timeout and self._target_consumed is None
-                  and not getattr(consumer, "broker_stamps", False) and self._an_began
+        capped = (not reached and not quiet and timeout and self._target_consumed is None and self._an_began
                   and now - self._an_began >= timeout)
         if reached or quiet or capped:
             self._settle(keep=0)  # Spark plans up to the target: it must be durable

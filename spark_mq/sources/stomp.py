@@ -123,9 +123,11 @@ class StompConsumer:
         return None  # the client's reader thread keeps the heartbeat
 
     def broker_stamp_ms(self, frame) -> Optional[int]:
-        """When the broker took the message in (ms since the epoch), where the broker says so:
-        ActiveMQ stamps every message it is sent (``timestamp``), whatever the producer; on RabbitMQ
-        a ``timestamp`` header is the producer's own, if any, and tells nothing."""
+        """When the message was sent (ms since the epoch), where the broker says so: ActiveMQ
+        stamps every message it is sent without a ``timestamp`` header (checked: a STOMP SEND
+        without one arrives with the broker's time; one with ``timestamp:5`` keeps 5; JMS producers
+        set it to their send time); on RabbitMQ a ``timestamp`` header is the producer's own, if
+        any, and is not used."""
         return _int(frame.headers.get("timestamp")) if self.broker_stamps else None
 
     def active_at(self) -> Optional[float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -295,10 +296,9 @@ def test_batch_read_does_not_end_while_a_stomp_frame_is_still_arriving(spark, ac
         for body in bodies:
             client.send(dest, body)
         client.flush()
-    host_port = url.rsplit("@", 1)[-1]
-    host, port = host_port.rsplit(":", 1)
-    with _StallingRelay(host, int(port), after=100 * 1024, pause=3.0, trickle=True) as relay:
-        relayed = url.replace(f"{host}:{port}", f"127.0.0.1:{relay.port}")
+    parts = urlsplit(url)
+    with _StallingRelay(parts.hostname, parts.port, after=100 * 1024, pause=3.0, trickle=True) as relay:
+        relayed = url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{relay.port}")
         df = (spark.read.format("stomp").option("uri", relayed).option("destination", dest)
               .option("quietPeriod", "1").load())
         got = [r.body for r in df.collect()]
