@@ -270,7 +270,13 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
     log_ = _open_log(fmt, opts)
     try:
         state = _load_state(log_)
-        state["format"] = fmt
+        if not state.get("format") and log_.head > 0:
+            # a stream query's log: its offsets are that query's checkpoint's, not ours to serve or commit
+            raise OptionError(f"option 'logLocation' ({opts.logLocation}) holds a stream query's source log; a "
+                              f"batch read needs a location of its own")
+        if not state.get("format"):
+            state["format"] = fmt
+            _save_state(log_, state)  # before the first append: the log is a batch read's from now on
         if log_.head < state["committed"]:
             log_.fast_forward(state["committed"])  # an emptied log continues after what was committed
         start = max(log_.tail, state["committed"])

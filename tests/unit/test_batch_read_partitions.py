@@ -80,3 +80,44 @@ def test_a_body_larger_than_the_task_bound_is_refused_before_the_ack():
     with pytest.raises(OptionError, match="maxTaskBytes"):
         _reader(queue, maxTaskBytes="4m").partitions()
     assert queue.acked == 0 and queue.closed
+
+
+# -- with logLocation: the tasks carry log ranges; the log keeps what was served until committed ------
+
+def _bodies(parts) -> list:
+    return [b for p in parts for batch in read_partition(p, S.source_arrow_schema("stomp"))
+            for b in batch.column("body").to_pylist()]
+
+
+def test_a_logged_batch_read_serves_again_until_committed(tmp_path):
+    from spark_mq.sources.base import LogPartition
+    from spark_mq.sources.batchread import commit_batch_read
+
+    log = str(tmp_path / "blog")
+    q1 = _Queue(10, 100)
+    parts = _reader(q1, logLocation=log).partitions()
+    assert all(isinstance(p, LogPartition) and not hasattr(p, "data") for p in parts)
+    assert len(_bodies(parts)) == 10 and q1.acked == 10
+    q2 = _Queue(5, 200)
+    parts = _reader(q2, logLocation=log).partitions()
+    assert [len(b) for b in _bodies(parts)] == [100] * 10 + [200] * 5  # the uncommitted ones first
+    assert commit_batch_read(log, 12) == 12
+    parts = _reader(_Queue(0, 1), logLocation=log).partitions()
+    assert [len(b) for b in _bodies(parts)] == [200] * 3  # offsets 12-14
+    assert commit_batch_read(log) == 15  # default: everything served
+    parts = _reader(_Queue(0, 1), logLocation=log).partitions()
+    assert _bodies(parts) == []
+
+
+def test_a_logged_batch_read_refuses_a_stream_querys_log(tmp_path):
+    from spark_mq.sourcelog import SourceLog
+
+    log = str(tmp_path / "stream-log")
+    stream_log = SourceLog(log, S.source_arrow_schema("stomp"))
+    row = (b"x", "/queue/q", "id0", 0, None, False, 0, None, None, None, None, None, None)
+    stream_log.append(S.build_batch("stomp", [row]))
+    stream_log.close()
+    queue = _Queue(3, 10)
+    with pytest.raises(OptionError, match="logLocation.*stream query"):
+        _reader(queue, logLocation=log).partitions()
+    assert queue.acked == 0
