@@ -63,12 +63,14 @@ class DrainEnd:
       it has taken as many messages as were ready (or held by the client) at its start; silence
       ends it only when the broker says the queue is empty (or after ``_DEPTH_QUIET_FACTOR`` quiet
       periods: another consumer may hold what is counted);
-    - the broker's timestamps (ActiveMQ stamps every message when it is sent to it): the drain ends
-      at the first message stamped after its start (that message is taken too);
+    - the broker's timestamps (ActiveMQ stamps a message sent without a ``timestamp`` header with
+      its own clock; JMS producers stamp their send time): the drain ends at the first message
+      stamped after its start (that message is taken too);
     - heartbeats (Malamute): silence counts only while the broker answers them, so a broker that
       stops (paused, stalled, busy) does not end the drain, only an empty one does;
     - otherwise (STOMP on RabbitMQ) ``quietPeriod`` of silence, with nothing to tell a broker's
-      pause from an empty destination.
+      pause from an empty destination; on STOMP silence counts from the last bytes received, so a
+      large frame still arriving is not silence.
 
     ``readTimeout`` bounds every drain (a destination a producer keeps feeding)."""
 
@@ -217,14 +219,23 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         rows: list = []
         now_us = int(time.time() * 1_000_000)
 
+        acks = opts.get("ackMode", "durable") != "auto"
+        # A broker that holds the rest of a queue back until acks come (ActiveMQ, see StompConsumer)
+        # is acknowledged group by group: waiting for the build would end the drain at its page.
+        # The cost: a planning process that dies mid-drain loses what it acknowledged.
+        early = acks and getattr(consumer, "acks_release_more", False)
+
         def take(msgs: list) -> None:
             rows.extend(consumer.row(msg, len(rows) + i, now_us) for i, msg in enumerate(msgs))
-            got.extend(msgs)
+            if early:
+                consumer.ack(msgs)
+            else:
+                got.extend(msgs)
         drain(consumer, opts, take, opts.maxMessages)
         batch = S.build_batch(fmt, rows)
         n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
         parts = [MemoryPartition(i, data) for i, data in enumerate(split_for_tasks(batch, n, opts.maxTaskBytes))]
-        if got and opts.get("ackMode", "durable") != "auto":
+        if got and acks:
             consumer.ack(got)  # the data is built: only now may the broker forget it
         return parts
     finally:

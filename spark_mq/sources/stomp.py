@@ -51,6 +51,10 @@ class StompConsumer:
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
         self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
+        # ActiveMQ stops sending a queue to a consumer that fell behind (its socket full for a
+        # moment) after the page it holds (200 messages) until acknowledgements come: measured through
+        # a relay that stalled 3 s, 200 of 300 came and the rest 7 s later, right after an ack
+        self.acks_release_more = profile.name == "activemq"
         try:
             self._subscribe()
         except BaseException as exc:

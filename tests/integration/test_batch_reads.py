@@ -288,7 +288,9 @@ def test_batch_read_does_not_end_while_a_stomp_frame_is_still_arriving(spark, ac
     """A broker sending a large frame slowly (the issue's case: 300 messages and one of 5 MB on
     ActiveMQ, a busy machine, 200 returned): bytes of a frame still arriving are not silence. Made
     deterministic by a relay that passes one byte every 0.25 s for 3 s (three quiet periods) after
-    about a third of the queue."""
+    about a third of the queue. After such a stall ActiveMQ sends the rest of the queue past its
+    page of 200 only once acknowledgements come (the issue's 200): the read acknowledges as it goes
+    there."""
     dest = "/queue/" + unique_name("trickle")
     bodies = [bytes([i % 256]) + b"\x00\xff" + f"t{i:04d}".encode() + b"." * 1000 for i in range(300)]
     url = activemq.url("stomp")
