@@ -284,6 +284,23 @@ def test_batch_read_does_not_end_while_the_malamute_broker_is_silent(spark, mala
     assert sorted(got) == sorted(bodies), f"{len(got)} of {len(bodies)}"
 
 
+def test_batch_read_does_not_end_while_the_amqp_queue_depth_says_more_is_there(spark, rabbitmq, unique_name):
+    """The same stall on AMQP: silence ends the read only when the queue's depth is 0 (the depth
+    counted at the start ends it once taken)."""
+    queue = unique_name("pause")
+    bodies = [f"a{i:04d}".encode() + b"." * 1000 for i in range(300)]
+    url = rabbitmq.url("amqp")
+    _publish_amqp(url, queue, bodies)
+    parts = urlsplit(url)
+    with _StallingRelay(parts.hostname, parts.port, after=100 * 1024, pause=3.0) as relay:
+        relayed = url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{relay.port}")
+        df = (spark.read.format("amqp08").option("uri", relayed).option("queue", queue)
+              .option("quietPeriod", "1").load())
+        got = [r.body for r in df.collect()]
+    assert relay.stalled
+    assert sorted(got) == sorted(bodies), f"{len(got)} of {len(bodies)}"
+
+
 def test_batch_read_does_not_end_while_a_stomp_frame_is_still_arriving(spark, activemq, unique_name):
     """A broker sending a large frame slowly (the issue's case: 300 messages and one of 5 MB on
     ActiveMQ, a busy machine, 200 returned): bytes of a frame still arriving are not silence. Made
