@@ -10,7 +10,7 @@ The package is layered (imports point down only):
 
 from spark_mq.errors import SparkMqError
 
-__all__ = ["SparkMqError", "register"]
+__all__ = ["SparkMqError", "register", "commit_batch_read"]
 __version__ = "0.1.0.dev0"
 
 
@@ -20,4 +20,7 @@ def __getattr__(name: str):
     if name == "register":
         import importlib
         return importlib.import_module("spark_mq.register")
+    if name == "commit_batch_read":  # batch reads with logLocation: see spark_mq.sources.batchread
+        from spark_mq.sources.batchread import commit_batch_read
+        return commit_batch_read
     raise AttributeError(f"module 'spark_mq' has no attribute {name!r}")

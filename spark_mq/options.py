@@ -427,7 +427,9 @@ SOURCE_OPTIONS = define(
     OptionSpec("logLocation", OptionType.STRING, directions=_SRC, doc=(
         "Where the source log lives: a local path or any pyarrow filesystem URI (file://, s3://, hdfs://...). "
         "It must be reachable from the executors and must belong to ONE query (on a local or mounted path a lock "
-        "enforces it: a second query fails naming the location). Required for streaming reads.")),
+        "enforces it: a second query fails naming the location). Required for streaming reads. A batch read given "
+        "one drains into a log there and keeps what it served until spark_mq.commit_batch_read(location): a "
+        "job that fails loses nothing, the next batch read on it serves the messages again.")),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
                formats={AMQP08, STOMP}, directions=_SRC, doc=(
                    "When the broker is acknowledged: durable (after the messages are fsynced in the log), commit "
@@ -492,12 +494,24 @@ SOURCE_OPTIONS = define(
                     "after about 10 s.")),
     OptionSpec("quietPeriod", OptionType.DURATION, default=1.0, minimum=0, directions=_SRC, doc=(
         "availableNow (Spark 4.2+) and batch reads: the backlog is drained once nothing arrives for this long "
-        "(AMQP availableNow also uses the queue depth). Silence counts only while the broker is free to "
+        "(AMQP also uses the queue depth: silence ends the drain only when the queue is empty; ActiveMQ's "
+        "timestamps end it at the first message sent after the start; on Malamute silence counts only while "
+        "the broker answers heartbeats). Silence counts only while the broker is free to "
         "send: connected, not paused, from the last acknowledgement (a slow fsync holds the prefetch), and "
         "while the reader process runs. Keep it above the broker's own pauses: RabbitMQ's STOMP adapter was "
         "measured pausing up to 0.54 s within a drain (python -m bench.stomp_pauses).")),
     OptionSpec("maxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
-               doc="Batch reads (spark.read): read at most this many messages."),
+               doc="Batch reads (spark.read): read at most this many messages from the broker (with "
+                   "logLocation: new ones, besides what earlier reads on the log served and nobody committed)."),
     OptionSpec("readTimeout", OptionType.DURATION, default=30.0, minimum=0, directions=_SRC,
                doc="Batch reads: stop after this long even if messages keep arriving."),
+    OptionSpec("availableNowTimeout", OptionType.DURATION, default=300.0, minimum=0, directions=_SRC, doc=(
+        "availableNow, where the broker tells no queue depth (STOMP, Malamute): the run's drain ends after "
+        "this long even if messages keep arriving (a destination a producer keeps feeding never falls "
+        "quiet); what comes later is read by the next run. On ActiveMQ the first message stamped after the "
+        "run began ends it sooner; AMQP ends at the queue depth counted at the start.")),
+    OptionSpec("maxTaskBytes", OptionType.SIZE, default=64 << 20, minimum=64 << 10, directions=_SRC, doc=(
+        "Batch reads without logLocation: the Arrow data a partition carries inside its task is at most "
+        "this large, far below Spark's spark.rpc.message.maxSize (128 MiB by default), above which the "
+        "scheduler refuses the task. A single larger message fails the read, unacknowledged.")),
 )

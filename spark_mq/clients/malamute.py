@@ -117,6 +117,11 @@ class _Status:
         return self._proto.lost_for(time.monotonic())
 
     @property
+    def heard_at(self) -> float:
+        """``time.monotonic()`` when the server was last heard from (any message, a PONG included)."""
+        return self._proto.last_heard
+
+    @property
     def recoveries(self) -> int:
         return self._proto.recoveries
 

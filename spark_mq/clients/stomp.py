@@ -437,6 +437,12 @@ class StompClient:
         return out
 
     @property
+    def received_at(self) -> Optional[float]:
+        """``time.monotonic()`` when bytes last came from the broker (part of a frame included)."""
+        driver = getattr(self, "_driver", None)
+        return getattr(driver, "last_recv", None)
+
+    @property
     def pending_messages(self) -> int:
         return len(self._inbox)
 

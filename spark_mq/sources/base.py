@@ -81,6 +81,7 @@ class MemoryPartition(InputPartition):
 
     def __init__(self, index: int, data: bytes) -> None:
         super().__init__(index)
+        self.index = index
         self.data = data
 
 
@@ -453,8 +454,9 @@ else:  # pragma: no cover - older pyspark
 
 
 class MQBatchReader(DataSourceReader):
-    """``spark.read``: drain up to ``maxMessages`` (until ``quietPeriod`` of silence or ``readTimeout``)
-    while planning, build the Arrow data, then ack; executors only decode it."""
+    """``spark.read``: drain what the broker has now while planning (``partitions``, once per
+    DataFrame), then executors read it: from the tasks themselves, or with ``logLocation`` from a
+    source log kept until ``commit_batch_read`` (see ``spark_mq.sources.batchread``)."""
 
     def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
         self.fmt = fmt
@@ -464,47 +466,10 @@ class MQBatchReader(DataSourceReader):
         self._connector = connector
 
     def partitions(self):
-        opts = self.opts
-        consumer = self._connector(opts, 0)
-        try:
-            got: list = []
-            rows: list = []
-            deadline = time.monotonic() + opts.readTimeout
-            last = time.monotonic()
-            now_us = int(time.time() * 1_000_000)
-            while len(rows) < opts.maxMessages and time.monotonic() < deadline:
-                msgs = consumer.poll(min(opts.fsyncMessages, opts.maxMessages - len(rows)),
-                                     max(0.001, min(0.2, opts.quietPeriod)))
-                if not msgs:
-                    if time.monotonic() - last >= opts.quietPeriod:
-                        break
-                    continue
-                last = time.monotonic()
-                for msg in msgs:
-                    rows.append(consumer.row(msg, len(rows), now_us))
-                got.extend(msgs)
-            if not getattr(consumer, "returns_unacked", True):
-                # Malamute: what the client already holds is gone from the broker, and closing
-                # would lose it; it is read too, past maxMessages if need be
-                while True:
-                    msgs = consumer.poll(opts.fsyncMessages, 0.05)
-                    if not msgs:
-                        break
-                    rows.extend(consumer.row(msg, len(rows), now_us) for msg in msgs)
-            batch = S.build_batch(self.fmt, rows)
-            n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
-            bounds = [(len(rows) * i) // n for i in range(n + 1)]
-            parts = []
-            for i in range(n):
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, batch.schema) as writer:
-                    writer.write_batch(batch.slice(bounds[i], bounds[i + 1] - bounds[i]))
-                parts.append(MemoryPartition(i, sink.getvalue().to_pybytes()))
-            if got and opts.get("ackMode", "durable") != "auto":
-                consumer.ack(got)  # the data is built: only now may the broker forget it
-            return parts
-        finally:
-            consumer.close()
+        from spark_mq.sources import batchread
+        if self.opts.get("logLocation"):
+            return batchread.logged_partitions(self.fmt, self.opts, self._connector)
+        return batchread.memory_partitions(self.fmt, self.opts, self._connector)
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.target_schema)

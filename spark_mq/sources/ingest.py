@@ -326,6 +326,8 @@ class Ingest:
         self.target: Optional[int] = None
         self._available_now = False
         self._want_depth = False
+        self._an_began = 0.0     # availableNow: when (monotonic) and ...
+        self._an_began_ms = 0    # ... when (ms since the epoch, for the broker's stamps) the run began
         try:
             self._load_identities()
         except BaseException:
@@ -625,6 +627,8 @@ class Ingest:
         else:
             new_head = self.log.head
         self._durable_later(new_head, msgs if self.ack_mode == "durable" else None)
+        if self._available_now and self.target is None and not self._want_depth:
+            self._stamped_end(consumer, kept_tokens)
         if self.ack_mode == "commit":
             with self._consumer_lock:
                 gen = self._generation
@@ -786,7 +790,8 @@ class Ingest:
         message it took is counted as consumed): consumed + held by the client + the broker's depth,
         asked on the consuming channel so that every delivery sent before the answer is already held
         (AMQP orders a channel's frames). Protocols without a depth end the drain after a quiet period."""
-        self.last_message = time.monotonic()
+        self.last_message = self._an_began = time.monotonic()
+        self._an_began_ms = int(time.time() * 1000)
         self._want_depth = True
         self._available_now = True
         self.wait_for(lambda: not self._want_depth or not self.connected, self.opts.connectTimeout + 5.0)
@@ -816,11 +821,50 @@ class Ingest:
             self._want_depth = False  # only now: prepare_available_now waits for the figure
             self._cond.notify_all()
 
+    def _stamped_end(self, consumer, kept: list) -> None:
+        """availableNow on a broker that stamps each message when it takes it in (ActiveMQ): the
+        first message stamped after the run began was not available at its start, and neither is
+        anything after it (a queue delivers in order). The target is fixed just below it; it and
+        what follows stay in the log for the next run."""
+        stamp = getattr(consumer, "broker_stamp_ms", None)
+        if stamp is None:
+            return
+        began = self._an_began_ms
+        for offset, msg in kept:
+            if offset is None:
+                continue
+            ms = stamp(msg)
+            if ms is not None and ms > began:
+                self._settle(keep=0)  # Spark plans up to the target: it must be durable
+                self.target = max(offset, self.planned_end)
+                log.info("%s source: availableNow target fixed at offset %d (a message the broker stamped %d ms "
+                         "after the run began)", self.fmt, self.target, ms - began)
+                with self._cond:
+                    self._cond.notify_all()
+                return
+
+    def _silent_for(self, consumer, now: float) -> float:
+        """Seconds without deliveries that count as the broker's silence: where the client hears the
+        broker's heartbeats (Malamute), only up to the last time it heard them, so a broker that
+        stopped (paused, stalled) is not taken for an empty one; where the client tells when bytes
+        last came (STOMP), from then: a large frame still arriving is not silence."""
+        last = self.last_message
+        try:
+            heard_at = getattr(consumer, "heard_at", None)
+            if heard_at is not None:
+                now = min(now, heard_at())
+            active_at = getattr(consumer, "active_at", None)
+            if active_at is not None:
+                last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+        except Exception:  # noqa: BLE001 - a closed client: plain silence
+            pass
+        return now - last
+
     def _maybe_fix_target(self, consumer, quiet_ok: bool) -> None:
         if not self._available_now or self.target is not None or self._want_depth:
             return
         now = time.monotonic()
-        silent = now - self.last_message
+        silent = self._silent_for(consumer, now)
         reached = self._target_consumed is not None and self.consumed - self.duplicates >= self._target_consumed
         if reached:
             # RabbitMQ counts deliveries still inside the broker (between queue and channel) as
@@ -846,11 +890,22 @@ class Ingest:
                 quiet = True
             else:
                 quiet = self._depth_now(consumer) == 0 and consumer.buffered() == 0
-        if reached or quiet:
+        # Where no depth says what was there at the start, a destination a producer keeps feeding
+        # never falls quiet: the run ends at availableNowTimeout. ActiveMQ's stamps end it sooner
+        # (_stamped_end), unless producers set the ``timestamp`` header themselves (ActiveMQ keeps theirs)
+        timeout = self.opts.availableNowTimeout
+        capped = (not reached and not quiet and timeout and self._target_consumed is None and self._an_began
+                  and now - self._an_began >= timeout)
+        if reached or quiet or capped:
             self._settle(keep=0)  # Spark plans up to the target: it must be durable
             self.target = self.log.head
-            log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,
-                     "queue depth reached" if reached else "quiet period")
+            if capped:
+                log.warning("%s source: availableNow target fixed at offset %d: availableNowTimeout (%g s) passed "
+                            "while messages kept arriving; the next run reads the rest", self.fmt, self.target,
+                            timeout)
+            else:
+                log.info("%s source: availableNow target fixed at offset %d (%s)", self.fmt, self.target,
+                         "queue depth reached" if reached else "quiet period")
             with self._cond:
                 self._cond.notify_all()
 

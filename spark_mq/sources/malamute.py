@@ -12,7 +12,8 @@ content frame once, into a buffer reused from group to group, and the body colum
 
 Malamute has no acknowledgements: once the client holds a message the broker forgets it, so only
 the source log protects it (appended and fsynced in groups, as in every mode). There is no queue
-depth either: availableNow ends after ``quietPeriod`` without messages. There is no pause message
+depth either: availableNow ends after ``quietPeriod`` without messages, counted only while the
+broker answers the client's heartbeats (``heard_at``), and after ``availableNowTimeout`` at the latest. There is no pause message
 either: while the log is over its bound the ingest stops reading deliveries (it keeps the
 connection's heartbeat going), the receiver holds at most its 1 MiB read buffer of them, and the
 rest waits in TCP and the broker (a mailbox or service queue keeps it; a stream drops what its client's queue cannot
@@ -162,6 +163,12 @@ class MalamuteConsumer:
 
     def keepalive(self) -> None:
         self.client.keepalive()
+
+    def heard_at(self) -> float:
+        """When (``time.monotonic``) the broker was last heard from: the client pings every second
+        and the broker answers, so silence from a broker that is there but stopped sending (paused,
+        stalled) is told from an empty mailbox."""
+        return self.client.heard_at
 
     def depth(self):
         return None

@@ -358,6 +358,11 @@ class ClientConnection:
         reading is held back): the server is not silent, whatever ``tick`` would conclude."""
         self._last_heard = now
 
+    @property
+    def last_heard(self) -> float:
+        """When (the caller's clock, as passed to ``heard``/``receive``) the server was last heard."""
+        return self._last_heard
+
     def lost_for(self, now: float) -> float:
         """Seconds since the server's silence passed ``server_timeout`` (0 unless it is ``LOST``)."""
         return max(0.0, now - self._last_heard - self.server_timeout) if self.state is State.LOST else 0.0
