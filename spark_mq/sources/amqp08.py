@@ -4,7 +4,8 @@ Responsible for: the AMQP-specific parts only: declaring (none/passive/create, w
 arguments and an optional exchange binding), consuming with ``prefetch`` (no-ack in ``auto``
 mode), turning a delivery into a row (envelope and every basic property), cumulative acks
 (``basic.ack multiple``; in ``commit`` mode inside ``tx.select``/``tx.commit``), pausing ``auto``
-consumption by cancelling the consumer, and the queue depth (passive declare on a second channel).
+consumption by cancelling the consumer, dead-lettering a poison message (``basic.reject`` without
+requeue), and the queue depth (passive declare on a second channel).
 
     spark.readStream.format("amqp08").option("uri", "amqp://guest:guest@host:5672/%2F")
         .option("queue", "orders").option("logLocation", "/shared/ckpt/orders-log").load()
@@ -37,6 +38,10 @@ def validate(opts: Options) -> None:
                           f"{_MAX_PREFETCH} unacknowledged messages per consumer")
     if opts.get("routingKey") and not opts.get("exchange"):
         raise OptionError("option 'routingKey' needs option 'exchange' (the binding's exchange) on the amqp08 source")
+    if opts.get("poisonMessages") == "deadletter" and opts.get("ackMode") == "auto":
+        raise OptionError("option 'poisonMessages' is deadLetter, which rejects the message to the queue's "
+                          "dead-letter exchange: that needs ackMode durable or commit (with auto the broker has "
+                          "forgotten the message on delivery)")
     if (opts.get("exchange") or opts.get("queueArguments") or opts.get("exchangeType")) and opts.declare != "create":
         raise OptionError("options 'exchange', 'exchangeType' and 'queueArguments' take effect only with "
                           "declare=create on the amqp08 source")
@@ -120,6 +125,11 @@ class Amqp08Consumer:
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:
             self.ch.basic_ack(msgs[-1].delivery_tag, multiple=True)
+
+    def dead_letter(self, msg, reason: str, failures: int) -> None:
+        """basic.reject without requeue: the queue's dead-letter exchange gets it (RabbitMQ adds
+        x-death headers saying from where; without a dead-letter exchange RabbitMQ drops it)."""
+        self.ch.basic_reject(msg.delivery_tag, requeue=False)
 
     def token(self, msg):
         return msg.delivery_tag
