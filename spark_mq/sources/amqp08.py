@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spark_mq.errors import OptionError
+from spark_mq.errors import OptionError, PoisonDelivery
 from spark_mq.options import Options
+from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_amqp08
 
@@ -110,6 +111,8 @@ class Amqp08Consumer:
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         p = msg.properties
+        if type(p) is UndecodableProperties:
+            raise self._undecodable(msg, p)
         headers = None
         if self.include_headers and p is not None and p.headers:
             headers = [(str(k), None if v is None else _text(v)) for k, v in p.headers.items()]
@@ -121,6 +124,13 @@ class Amqp08Consumer:
         return (msg.body, self.queue, p.message_id, ts, headers, msg.redelivered, offset, msg.exchange,
                 msg.routing_key, msg.delivery_tag, p.content_type, p.content_encoding, p.delivery_mode,
                 p.priority, p.correlation_id, p.reply_to, p.expiration, p.type, p.user_id, p.app_id, p.cluster_id)
+
+    def _undecodable(self, msg, p) -> PoisonDelivery:
+        # no message id to name it by: its body and the raw properties identify it across sessions
+        return PoisonDelivery(
+            f"its properties ({len(p.raw)} bytes) cannot be decoded: {p.error} (exchange {msg.exchange!r}, "
+            f"routing key {msg.routing_key!r}, {len(msg.body)} bytes of body)",
+            msg=msg, destination=self.queue, body=msg.body, headers=[("properties", p.raw.hex())])
 
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:

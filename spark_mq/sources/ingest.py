@@ -126,29 +126,6 @@ def content_identity(body: bytes, headers) -> int:
     return hash((len(body), body, stable))
 
 
-def _valid_text(row: tuple) -> tuple:
-    """``row`` with every string made valid UTF-8: a client keeps bytes that are not UTF-8 as lone
-    surrogates (``surrogateescape``: an ack or a dead-lettered copy sends them back as they came),
-    which Arrow refuses; in the row each such byte becomes U+FFFD."""
-    return tuple(_valid(v) for v in row)
-
-
-def _valid(value):
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            try:
-                raw = value.encode("utf-8", "surrogateescape")
-            except UnicodeEncodeError:
-                raw = value.encode("utf-8", "replace")
-            return raw.decode("utf-8", "replace")
-    if isinstance(value, list) and value and isinstance(value[0], tuple):
-        return [tuple(_valid(x) for x in item) for item in value]
-    return value
-
-
 def _shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -730,23 +707,18 @@ class Ingest:
                 self._ack_committed(self.committed)
 
     def _build(self, rows: list, msgs: list) -> list:
-        """The group's record batches. A group that Arrow refuses is built again with text that is not
-        UTF-8 made valid (each undecodable byte as U+FFFD: a header the client kept raw, an AMQP
-        short string); if that fails too, the first row that fails alone is a ``PoisonDelivery``
-        (a value no column of the schema can hold); a group whose rows all build alone fails as
-        before (``LogWriteError``: a build failure that retrying cannot mend)."""
+        """The group's record batches. The columns already keep what they can (text that is not UTF-8
+        with U+FFFD, an integer out of range as null: ``spark_mq.arrowcols``); should a group fail
+        all the same, the first row that fails alone is a ``PoisonDelivery`` (a value no column of the
+        schema can hold); a group whose rows all build alone fails as before (``LogWriteError``: a
+        build failure that retrying cannot mend)."""
         fmt = self.fmt
         try:
             return [S.build_batch(fmt, chunk) for chunk in self._chunks(rows)]
         except Exception as exc:  # noqa: BLE001 - sorted out below, per row
             first = exc
-        clean = [_valid_text(row) for row in rows]
-        try:
-            return [S.build_batch(fmt, chunk) for chunk in self._chunks(clean)]
-        except Exception:  # noqa: BLE001 - find the row at fault
-            pass
         schema = S.source_arrow_schema(fmt)
-        for row, msg in zip(clean, msgs):
+        for row, msg in zip(rows, msgs):
             for value, field in zip(row, schema):
                 try:
                     S.column([value], field.type)
@@ -778,7 +750,9 @@ class Ingest:
         where = poison.destination or (self.opts.get("queue") or self.opts.get("destination"))
         what = f"message {poison.message_id!r} from {where!r}" if poison.message_id is not None else \
             f"a message without id from {where!r}"
-        if count < limit:
+        # ackMode=auto: the broker forgot it at delivery and will not redeliver it, so a failed session
+        # would lose it (and what the client held) quietly: the policy applies at once
+        if count < limit and self.ack_mode != "auto":
             log.warning("%s source: %s failed its session (%d of maxDeliveryFailures=%d): %s",
                         self.fmt, what, count, limit, poison.reason)
             raise poison
