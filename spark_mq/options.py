@@ -484,8 +484,8 @@ SOURCE_OPTIONS = define(
         "after a reconnect or restart (which a broker may resend unmarked), are matched.")),
     OptionSpec("maxDeliveryFailures", OptionType.INT, default=5, minimum=1, directions=_SRC, formats=_SOCKET, doc=(
         "A delivery that fails this many sessions is a poison message, handled as poisonMessages says. It "
-        "fails a session when the source cannot take it: a value no column can hold (a timestamp past "
-        "the timestamp column's range), a STOMP frame above maxFrameBytes; the broker redelivers it, "
+        "fails a session when the source cannot take it: AMQP properties the client cannot decode (a "
+        "headers table nested thousands deep), a STOMP frame above maxFrameBytes; the broker redelivers it, "
         "usually first. Counted by message id where the broker keeps it, else by body and headers; "
         "sessions that fail before taking anything back off as failed connects do (reconnectDelay).")),
     OptionSpec("poisonMessages", OptionType.ENUM, default="fail", choices=("fail", "deadLetter"),

@@ -497,7 +497,7 @@ class Ingest:
                         self.reconnects += 1
                     # the connect alone is no progress: a session that fails before it takes a
                     # group (a delivery the client cannot decode, redelivered first each time)
-                    # stays a failed attempt, backing off, under brokerTimeout (see _session_failed)
+                    # stays a failed attempt, backing off, under brokerTimeout (see below)
                     ever_connected = True
                     self.connected = True
                     self.last_message = time.monotonic()
@@ -768,23 +768,27 @@ class Ingest:
             reason = f"failed {count} sessions of spark-mq's {self.fmt} source: {poison.reason}"
             with self._consumer_lock:
                 dead_letter(poison.msg, reason, count)
-            counts.pop(key, None)
+            # its count stays: should the reject or ACK be lost with the connection, its redelivery
+            # is dead-lettered at once
             self.dead_lettered += 1
             self.consumed += 1
             log.warning("%s source: %s dead-lettered after %d failed sessions: %s", self.fmt, what, count, poison.reason)
             return msgs[i + 1:]
-        if policy == "deadletter" and not poison.held:
-            how = (f"It cannot be dead-lettered: its body was never held (the bound is what keeps it out "
-                   f"of memory). Raise {poison.option} and restart the query.")
-        elif poison.option:
-            how = f"Raise {poison.option}, or set poisonMessages=deadLetter, and restart the query."
+        if not poison.held:
+            how = (f"It cannot be dead-lettered: its body was never held (the bound is what keeps it out of "
+                   f"memory). Raise {poison.option or 'the bound'} and restart the query.")
         else:
             how = ("Remove it from the queue, or set poisonMessages=deadLetter to have it dead-lettered, and "
                    "restart the query.")
+        if self.ack_mode == "auto":
+            where_now = ("With ackMode=auto the broker forgot it at delivery: it is lost, and named here, "
+                         "rather than lost quietly.")
+        else:
+            where_now = ("It is still in the broker, unacknowledged, as is everything after it that the source "
+                         "log does not hold.")
         raise DeliveryFailedError(
             f"{self.fmt} source: {what} failed {count} sessions (maxDeliveryFailures={limit}, "
-            f"poisonMessages={policy}): {poison.reason}. It is still in the broker, unacknowledged, as is "
-            f"everything after it that the source log does not hold. {how}") from poison
+            f"poisonMessages={policy}): {poison.reason}. {where_now} {how}") from poison
 
     def _nothing_came(self, consumer, started: float, wait: float) -> None:
         """A poll that began at ``started`` and could wait ``wait`` seconds returned nothing."""
