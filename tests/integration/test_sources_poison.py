@@ -196,6 +196,24 @@ def test_a_delivery_that_keeps_failing_fails_the_query_naming_it(spark, rabbitmq
 
 
 @pytest.mark.timeout(300)
+def test_sessions_failing_on_a_poison_back_off_and_broker_timeout_names_the_error(spark, rabbitmq, unique_name,
+                                                                                  tmp_path):
+    """Issue 43, item 7: brokerTimeout never fired while every session connected and failed at once.
+    With a failure count out of reach, brokerTimeout (5 s) ends it, naming the last error."""
+    url, queue = rabbitmq.url("amqp"), unique_name("poison-timeout")
+    _publish_undecodable_amqp(url, queue)
+    t0 = time.monotonic()
+    rows, q = _read_all(spark, "amqp08", {"uri": url, "queue": queue, "maxDeliveryFailures": 100000,
+                                          "brokerTimeout": "5", "reconnectMaxDelay": "1"}, tmp_path, "timeout")
+    took = time.monotonic() - t0
+    error = str(q.exception())
+    assert "no session made progress for" in error and "brokerTimeout 5s" in error, error[-3000:]
+    assert "RecursionError" in error, error[-3000:]
+    assert took < 90, took
+    assert rows == [], rows
+
+
+@pytest.mark.timeout(300)
 def test_amqp_poison_delivery_is_dead_lettered_by_option(spark, rabbitmq, unique_name, tmp_path):
     from spark_mq.protocol.amqp08.connection import UndecodableProperties
 
