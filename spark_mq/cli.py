@@ -608,6 +608,9 @@ def _amqp_record(msg) -> Record:
     headers = dict(p.headers) if p is not None and p.headers else {}
     extra = {"exchange": msg.exchange, "routing_key": msg.routing_key, "redelivered": msg.redelivered,
              "delivery_tag": msg.delivery_tag, "properties": props}
+    error = getattr(p, "error", None)
+    if error is not None:  # UndecodableProperties: say so, with the bytes, rather than print none
+        extra["undecodable_properties"] = {"error": error, "hex": p.raw.hex()}
     return Record(msg.routing_key, bytes(msg.body), headers, extra)
 
 
@@ -649,6 +652,12 @@ def tail_stomp(t: Target, args, opts, emit, stop) -> int:
             frame = client.receive(wait)
             if frame is None:
                 return None
+            if frame.oversize:
+                # its body was skipped, never held: printing (and acking) it empty would lose it
+                from spark_mq.errors import SparkMqError
+                from spark_mq.protocol.stomp10 import DEFAULT_MAX_FRAME_SIZE
+                raise SparkMqError(f"message {frame.message_id!r}: its frame of {frame.oversize} bytes is above the "
+                                   f"client's bound ({DEFAULT_MAX_FRAME_SIZE} bytes); it was not acknowledged")
             headers = {k: v for k, v in frame.headers.items() if k not in ("destination", "message-id")}
             record = Record(frame.destination or t.destination, bytes(frame.body), headers,
                             {"message_id": frame.message_id})

@@ -40,3 +40,26 @@ class BrokerError(SparkMqError):
 
 class OptionError(SparkMqError, ValueError):
     """A user-supplied option is missing, unknown, malformed or contradicts another one."""
+
+
+class PoisonDelivery(SparkMqError):
+    """One delivery the source cannot take: its session fails (the broker redelivers it) until it
+    has failed ``maxDeliveryFailures`` sessions; then the ingest applies ``poisonMessages`` to it.
+
+    Raised by a source's consumer (a frame above ``maxFrameBytes``) or by the ingest (a message no
+    row of the source's schema can hold). ``msg`` is the delivery as the consumer gave it;
+    ``held``: its body is in hand, so it can be dead-lettered; ``option``: the option that would let
+    it through, if one would."""
+
+    def __init__(self, reason: str, *, msg=None, message_id=None, destination=None, body=None, headers=None,
+                 size=None, held: bool = True, option=None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.msg = msg
+        self.message_id = message_id
+        self.destination = destination
+        self.body = body
+        self.headers = headers
+        self.size = size
+        self.held = held
+        self.option = option

@@ -484,6 +484,29 @@ SOURCE_OPTIONS = define(
         "the first time is never dropped (business keys used as ids, such as three events of one order, stay "
         "three messages); only deliveries the broker marks redelivered, and the first prefetch of deliveries "
         "after a reconnect or restart (which a broker may resend unmarked), are matched.")),
+    OptionSpec("maxDeliveryFailures", OptionType.INT, default=5, minimum=1, directions=_SRC, formats=_SOCKET, doc=(
+        "A delivery that fails this many sessions is a poison message, handled as poisonMessages says. It "
+        "fails a session when the source cannot take it: AMQP properties the client cannot decode (a "
+        "headers table nested thousands deep), a STOMP frame above maxFrameBytes; the broker redelivers it, "
+        "usually first. Counted by message id where the broker keeps it, else by body and headers; "
+        "sessions that fail before taking anything back off as failed connects do (reconnectDelay).")),
+    OptionSpec("poisonMessages", OptionType.ENUM, default="fail", choices=("fail", "deadLetter"),
+               directions=_SRC, formats=_SOCKET, doc=(
+                   "What a poison message (see maxDeliveryFailures) does: fail (the query fails naming it; it "
+                   "stays in the broker, unacknowledged) or deadLetter (the messages before it are logged and made "
+                   "durable, then amqp08 rejects it without requeue, so the queue's x-dead-letter-exchange gets it "
+                   "(without one RabbitMQ drops it), and stomp sends it to deadLetterDestination with its headers "
+                   "and x-spark-mq-dead-letter-* headers saying why, then acknowledges it; the query goes on). A "
+                   "frame above maxFrameBytes cannot be dead-lettered (its body was never held): it fails the "
+                   "query either way. amqp08 needs ackMode durable or commit for deadLetter.")),
+    OptionSpec("deadLetterDestination", OptionType.STRING, formats={STOMP}, directions=_SRC, doc=(
+        "STOMP destination poison messages are sent to with poisonMessages=deadLetter (required then), "
+        "e.g. /queue/orders.dlq.")),
+    OptionSpec("maxFrameBytes", OptionType.SIZE, default=64 << 20, minimum=1024, formats={STOMP}, directions=_SRC,
+               doc=("Largest STOMP frame the source takes (headers and body). A MESSAGE above it is skipped "
+                    "as it arrives, never buffered, and fails its session as a poison message naming this "
+                    "option, its size and message-id; raise it to read such messages (ActiveMQ accepts "
+                    "frames of 100 MB by default).")),
     OptionSpec("reconnectDelay", OptionType.DURATION, default=0.2, minimum=0, directions=_SRC,
                doc="First delay before reconnecting; doubles each attempt (with full jitter) up to reconnectMaxDelay."),
     OptionSpec("reconnectMaxDelay", OptionType.DURATION, default=10.0, minimum=0, directions=_SRC,

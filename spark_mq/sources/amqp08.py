@@ -4,7 +4,8 @@ Responsible for: the AMQP-specific parts only: declaring (none/passive/create, w
 arguments and an optional exchange binding), consuming with ``prefetch`` (no-ack in ``auto``
 mode), turning a delivery into a row (envelope and every basic property), cumulative acks
 (``basic.ack multiple``; in ``commit`` mode inside ``tx.select``/``tx.commit``), pausing ``auto``
-consumption by cancelling the consumer, and the queue depth (passive declare on a second channel).
+consumption by cancelling the consumer, dead-lettering a poison message (``basic.reject`` without
+requeue), and the queue depth (passive declare on a second channel).
 
     spark.readStream.format("amqp08").option("uri", "amqp://guest:guest@host:5672/%2F")
         .option("queue", "orders").option("logLocation", "/shared/ckpt/orders-log").load()
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spark_mq.errors import OptionError
+from spark_mq.errors import OptionError, PoisonDelivery
 from spark_mq.options import Options
+from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_amqp08
 
@@ -37,6 +39,10 @@ def validate(opts: Options) -> None:
                           f"{_MAX_PREFETCH} unacknowledged messages per consumer")
     if opts.get("routingKey") and not opts.get("exchange"):
         raise OptionError("option 'routingKey' needs option 'exchange' (the binding's exchange) on the amqp08 source")
+    if opts.get("poisonMessages") == "deadletter" and opts.get("ackMode") == "auto":
+        raise OptionError("option 'poisonMessages' is deadLetter, which rejects the message to the queue's "
+                          "dead-letter exchange: that needs ackMode durable or commit (with auto the broker has "
+                          "forgotten the message on delivery)")
     if (opts.get("exchange") or opts.get("queueArguments") or opts.get("exchangeType")) and opts.declare != "create":
         raise OptionError("options 'exchange', 'exchangeType' and 'queueArguments' take effect only with "
                           "declare=create on the amqp08 source")
@@ -105,6 +111,8 @@ class Amqp08Consumer:
 
     def row(self, msg, offset: int, now_us: int) -> tuple:
         p = msg.properties
+        if type(p) is UndecodableProperties:
+            raise self._undecodable(msg, p)
         headers = None
         if self.include_headers and p is not None and p.headers:
             headers = [(str(k), None if v is None else _text(v)) for k, v in p.headers.items()]
@@ -117,9 +125,21 @@ class Amqp08Consumer:
                 msg.routing_key, msg.delivery_tag, p.content_type, p.content_encoding, p.delivery_mode,
                 p.priority, p.correlation_id, p.reply_to, p.expiration, p.type, p.user_id, p.app_id, p.cluster_id)
 
+    def _undecodable(self, msg, p) -> PoisonDelivery:
+        # no message id to name it by: its body and the raw properties identify it across sessions
+        return PoisonDelivery(
+            f"its properties ({len(p.raw)} bytes) cannot be decoded: {p.error} (exchange {msg.exchange!r}, "
+            f"routing key {msg.routing_key!r}, {len(msg.body)} bytes of body)",
+            msg=msg, destination=self.queue, body=msg.body, headers=[("properties", p.raw.hex())])
+
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:
             self.ch.basic_ack(msgs[-1].delivery_tag, multiple=True)
+
+    def dead_letter(self, msg, reason: str, failures: int) -> None:
+        """basic.reject without requeue: the queue's dead-letter exchange gets it (RabbitMQ adds
+        x-death headers saying from where; without a dead-letter exchange RabbitMQ drops it)."""
+        self.ch.basic_reject(msg.delivery_tag, requeue=False)
 
     def token(self, msg):
         return msg.delivery_tag

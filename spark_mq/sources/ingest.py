@@ -46,14 +46,14 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
-from spark_mq.errors import BrokerRefusedError, OptionError, SparkMqError
+from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
 from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
 
-__all__ = ["Ingest", "content_identity", "BrokerUnavailableError", "LogWriteError"]
+__all__ = ["Ingest", "content_identity", "BrokerUnavailableError", "LogWriteError", "DeliveryFailedError"]
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
 _DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
@@ -65,6 +65,12 @@ _DEPTH_EVERY = 1.0    # seconds between queue-depth questions for the progress f
 _LOG_LOCK_WAIT = 10.0
 _REFUSAL_GRACE = 10.0  # seconds a first connection must stay refused before the query fails
 _REFUSALS = 3  # ... over at least this many attempts
+# A session counts as progress once it has taken a group of deliveries, or stayed up this long (a
+# broker that is idle, then lost, was working): one that fails sooner, having taken nothing, is a
+# failed attempt like a refused connect (backoff, brokerTimeout). Before, a delivery that failed
+# every session made a fake consumer reconnect 238,478 times in 4 s, and brokerTimeout never fired.
+_STEADY_SESSION = 10.0
+_POISON_MEMORY = 10_000  # deliveries whose failed sessions are counted (oldest forgotten first)
 _MAX_APPEND_BYTES = 256 << 20  # bodies per appended batch: far below Arrow's 2 GiB per binary column
 _UNWATCHED_SLACK = 0.05  # seconds between or past polls that still count as watching for silence
 # Appended groups that may wait for the flusher's fsync while the ingest gathers the next: about
@@ -83,6 +89,11 @@ _UNSYNCED_BYTES = 64 << 20
 
 class BrokerUnavailableError(SparkMqError):
     """The broker stayed unreachable longer than ``brokerTimeout``."""
+
+
+class DeliveryFailedError(SparkMqError):
+    """A delivery failed ``maxDeliveryFailures`` sessions and ``poisonMessages`` says fail (or it
+    cannot be dead-lettered): the query fails naming it. Nothing of it was acknowledged."""
 
 
 class LogWriteError(SparkMqError):
@@ -113,6 +124,11 @@ def content_identity(body: bytes, headers) -> int:
     GIL for every body, which next to the client's receiver thread made it the ingest's largest cost."""
     stable = tuple(sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)) if headers else ()
     return hash((len(body), body, stable))
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _Dedup:
@@ -311,6 +327,8 @@ class Ingest:
         self.redeliveries = 0
         self.duplicates = 0
         self.reconnects = 0
+        self.dead_lettered = 0
+        self._poison_counts: OrderedDict = OrderedDict()  # identity -> sessions it failed
         self.log_waits = 0          # times the ingest stopped taking deliveries to wait for the log's fsync
         self.log_wait_seconds = 0.0
         self.paused = False
@@ -404,6 +422,7 @@ class Ingest:
     def _identity_of(self, body, message_id, headers):
         return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
 
+    _progress = False   # the current session has taken a group (see _STEADY_SESSION)
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
     _resend_window = 0  # first deliveries still to be matched by stable id (set at each connect)
 
@@ -416,6 +435,7 @@ class Ingest:
         ever_connected = False  # after a first success, a refusal may be passing (a queue re-declared)
         refused_since: Optional[float] = None
         refusals = 0
+        session_started = time.monotonic()
         try:
             while not self._stop.is_set():
                 if self._consumer is None:
@@ -477,20 +497,45 @@ class Ingest:
                     self._resend_window = self.prefetch if (ever_connected or self.log.head > self.log.tail) else 0
                     if down_since is not None or attempt:
                         self.reconnects += 1
-                    down_since = None
-                    attempt = 0
+                    # the connect alone is no progress: a session that fails before it takes a
+                    # group (a delivery the client cannot decode, redelivered first each time)
+                    # stays a failed attempt, backing off, under brokerTimeout (see below)
                     ever_connected = True
                     self.connected = True
                     self.last_message = time.monotonic()
+                    session_started = time.monotonic()
+                    self._progress = False
                 try:
                     self._step()
                 except (SparkMqError, OSError) as exc:
-                    if isinstance(exc, (BrokerUnavailableError, LogWriteError, LogInUseError)) or self._stop.is_set():
+                    if isinstance(exc, (BrokerUnavailableError, LogWriteError, LogInUseError, DeliveryFailedError)) \
+                            or self._stop.is_set():
                         raise
-                    log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
                     self.connected = False
                     self._close_consumer()
-                    down_since = time.monotonic()
+                    progressed = self._progress or time.monotonic() - session_started >= _STEADY_SESSION
+                    if progressed:
+                        # an outage after work done: reconnect at once, the backoff starts over
+                        log.warning("%s source: connection lost (%s); reconnecting", self.fmt, exc)
+                        attempt, down_since = 0, time.monotonic()
+                        continue
+                    now = time.monotonic()
+                    down_since = down_since or session_started
+                    limit = self.opts.brokerTimeout
+                    if limit and now - down_since > limit:
+                        raise BrokerUnavailableError(
+                            f"{self.fmt} source: no session made progress for {now - down_since:.0f}s "
+                            f"(brokerTimeout {limit:.0f}s); each connected and failed before taking a "
+                            f"message. Last error: {exc}") from exc
+                    sleep = random.uniform(0, min(self.opts.reconnectMaxDelay, delay * (2 ** min(attempt, 20))))
+                    attempt += 1
+                    log.warning("%s source: session failed before any progress (%s); attempt %d, reconnecting "
+                                "in %.2fs", self.fmt, exc, attempt, sleep)
+                    self._stop.wait(sleep)
+                    continue
+                if (attempt or down_since is not None) and \
+                        (self._progress or time.monotonic() - session_started >= _STEADY_SESSION):
+                    attempt, down_since = 0, None
             self._settle_on_stop()
         except BaseException as exc:  # noqa: BLE001 - handed to the query through check()
             if not self._stop.is_set():
@@ -575,6 +620,7 @@ class Ingest:
             self.last_message = self._polled_at = time.monotonic()
             self.consumed += count
             self._durable_later(self._append([batch], count), None)
+            self._progress = True
             self._maybe_fix_target(consumer, quiet_ok=False)
             return
         started = time.monotonic()
@@ -582,17 +628,31 @@ class Ingest:
         if not msgs:
             self._nothing_came(consumer, started, wait)
             return
-        now = time.monotonic()
-        self.last_message = self._polled_at = now
+        self.last_message = self._polled_at = time.monotonic()
+        while msgs:
+            try:
+                self._take(consumer, msgs)
+                break
+            except PoisonDelivery as poison:
+                msgs = self._poisoned(consumer, msgs, poison)  # raises unless it was dead-lettered
+        self._progress = True
+        self._maybe_fix_target(consumer, quiet_ok=False)
+
+    def _take(self, consumer, msgs: list) -> None:
+        """Log a group of deliveries (dropping redeliveries of what the log holds) and arrange their
+        acknowledgement. Raises ``PoisonDelivery`` for a delivery that cannot be taken, before any
+        of the group is logged or counted."""
         now_us = int(time.time() * 1_000_000)
         offset = self.log.head
         kept_tokens = []
+        group: dict = {}  # this group's identities: recorded in ``dedup`` once the group is in the log
+        row_msgs = msgs
+        redeliveries = duplicates = 0
         if self.fmt in _NO_REDELIVERIES:
             rows = [consumer.row(msg, offset + i, now_us) for i, msg in enumerate(msgs)]
-            self.consumed += len(rows)
             offset += len(rows)
         else:
-            rows = []
+            rows, row_msgs = [], []
             dedup = self._dedup
             dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
             # ids that identify a message across sessions are matched for first deliveries too only
@@ -600,30 +660,34 @@ class Ingest:
             # deliveries of a session after a lost one or of a restarted query): otherwise a message
             # the broker delivers for the first time is never dropped
             check_all = self._stable_ids and (self.opts.dedupById or self._resend_window > 0)
-            self._resend_window = max(0, self._resend_window - len(msgs))
-            group: dict = {}  # this group's identities: recorded in ``dedup`` once the group is in the log
             for msg in msgs:
-                self.consumed += 1
                 row = consumer.row(msg, offset, now_us)
                 redelivered = row[5]
                 if redelivered:
-                    self.redeliveries += 1
+                    redeliveries += 1
                 key = self._identity_of(row[0], row[2], row[4])
                 # redeliveries are matched by stable id or content hash; first deliveries only by
                 # stable id, and only where check_all says so (two sends of one body are two messages)
                 if (redelivered or (check_all and row[2] is not None)) and (key in dedup or key in group):
-                    self.duplicates += 1
+                    duplicates += 1
                     kept_tokens.append((None, msg))
                     continue
                 group[key] = offset
                 rows.append(row)
+                row_msgs.append(msg)
                 kept_tokens.append((offset, msg))
                 offset += 1
-        if rows:
-            new_head = self._append((S.build_batch(self.fmt, chunk) for chunk in self._chunks(rows)), len(rows))
-            if self.fmt not in _NO_REDELIVERIES:
-                for key, off in group.items():  # only now: the redeliveries of a group that never
-                    dedup.add(key, off)          # reached the log must not be taken for duplicates
+        batches = self._build(rows, row_msgs) if rows else None
+        # only now, with nothing left to fail for one delivery, does the group count
+        self.consumed += len(msgs)
+        self.redeliveries += redeliveries
+        self.duplicates += duplicates
+        if self.fmt not in _NO_REDELIVERIES:
+            self._resend_window = max(0, self._resend_window - len(msgs))
+        if batches:
+            new_head = self._append(batches, len(rows))
+            for key, off in group.items():  # only now: the redeliveries of a group that never
+                self._dedup.add(key, off)    # reached the log must not be taken for duplicates
         else:
             new_head = self.log.head
         self._durable_later(new_head, msgs if self.ack_mode == "durable" else None)
@@ -645,7 +709,90 @@ class Ingest:
                 # no longer knows them and takes them again (found in review; tested by
                 # test_commit_mode_acks_redeliveries_of_a_committed_batch_without_new_data).
                 self._ack_committed(self.committed)
-        self._maybe_fix_target(consumer, quiet_ok=False)
+
+    def _build(self, rows: list, msgs: list) -> list:
+        """The group's record batches. The columns already keep what they can (text that is not UTF-8
+        with U+FFFD, an integer out of range as null: ``spark_mq.arrowcols``); should a group fail
+        all the same, the first row that fails alone is a ``PoisonDelivery`` (a value no column of the
+        schema can hold); a group whose rows all build alone fails as before (``LogWriteError``: a
+        build failure that retrying cannot mend)."""
+        fmt = self.fmt
+        try:
+            return [S.build_batch(fmt, chunk) for chunk in self._chunks(rows)]
+        except Exception as exc:  # noqa: BLE001 - sorted out below, per row
+            first = exc
+        schema = S.source_arrow_schema(fmt)
+        for row, msg in zip(rows, msgs):
+            for value, field in zip(row, schema):
+                try:
+                    S.column([value], field.type)
+                except Exception as exc:  # noqa: BLE001 - this value is the poison
+                    raise PoisonDelivery(
+                        f"column {field.name!r} cannot hold its value {_shown(value)} ({type(exc).__name__}: {exc})",
+                        msg=msg, message_id=row[2], destination=row[1], body=row[0], headers=row[4]) from exc
+        # not one message: retrying would take the same deliveries again and fail the same way (a
+        # column past Arrow's 2 GiB bound): the query fails, naming it; nothing was acknowledged
+        raise LogWriteError(f"{self.fmt} source: a group of {len(rows)} messages could not be added to the "
+                            f"source log at offset {self.log.head}: {type(first).__name__}: {first}") from first
+
+    def _poisoned(self, consumer, msgs: list, poison: PoisonDelivery) -> list:
+        """``poison`` failed its session once more. Below ``maxDeliveryFailures`` the session fails
+        (re-raised: the ingest reconnects, backing off, and the broker redelivers it); at it, the
+        query fails naming the message (``poisonMessages=fail``, and always for a delivery not held),
+        or the messages before it are logged and made durable, it is dead-lettered, and the rest of
+        the group (returned) is taken."""
+        body = poison.body if poison.body is not None else b""
+        key = self._identity_of(body, poison.message_id, poison.headers)
+        if poison.body is None:
+            key = ("unheld", poison.size, key)
+        counts = self._poison_counts
+        count = counts.pop(key, 0) + 1
+        counts[key] = count
+        while len(counts) > _POISON_MEMORY:
+            counts.pop(next(iter(counts)))
+        limit = self.opts.maxDeliveryFailures
+        where = poison.destination or (self.opts.get("queue") or self.opts.get("destination"))
+        what = f"message {poison.message_id!r} from {where!r}" if poison.message_id is not None else \
+            f"a message without id from {where!r}"
+        # ackMode=auto: the broker forgot it at delivery and will not redeliver it, so a failed session
+        # would lose it (and what the client held) quietly: the policy applies at once
+        if count < limit and self.ack_mode != "auto":
+            log.warning("%s source: %s failed its session (%d of maxDeliveryFailures=%d): %s",
+                        self.fmt, what, count, limit, poison.reason)
+            raise poison
+        policy = self.opts.poisonMessages
+        dead_letter = getattr(consumer, "dead_letter", None)
+        if policy == "deadletter" and poison.held and dead_letter is not None:
+            i = next(i for i, m in enumerate(msgs) if m is poison.msg)
+            if i:
+                self._take(consumer, msgs[:i])
+            # those before it become durable (and, acked per ackMode, nothing before it waits on an
+            # ack the dead-lettering might give cumulatively: STOMP on ActiveMQ)
+            self._settle(keep=0)
+            reason = f"failed {count} sessions of spark-mq's {self.fmt} source: {poison.reason}"
+            with self._consumer_lock:
+                dead_letter(poison.msg, reason, count)
+            # its count stays: should the reject or ACK be lost with the connection, its redelivery
+            # is dead-lettered at once
+            self.dead_lettered += 1
+            self.consumed += 1
+            log.warning("%s source: %s dead-lettered after %d failed sessions: %s", self.fmt, what, count, poison.reason)
+            return msgs[i + 1:]
+        if not poison.held:
+            how = (f"It cannot be dead-lettered: its body was never held (the bound is what keeps it out of "
+                   f"memory). Raise {poison.option or 'the bound'} and restart the query.")
+        else:
+            how = ("Remove it from the queue, or set poisonMessages=deadLetter to have it dead-lettered, and "
+                   "restart the query.")
+        if self.ack_mode == "auto":
+            where_now = ("With ackMode=auto the broker forgot it at delivery: it is lost, and named here, "
+                         "rather than lost quietly.")
+        else:
+            where_now = ("It is still in the broker, unacknowledged, as is everything after it that the source "
+                         "log does not hold.")
+        raise DeliveryFailedError(
+            f"{self.fmt} source: {what} failed {count} sessions (maxDeliveryFailures={limit}, "
+            f"poisonMessages={policy}): {poison.reason}. {where_now} {how}") from poison
 
     def _nothing_came(self, consumer, started: float, wait: float) -> None:
         """A poll that began at ``started`` and could wait ``wait`` seconds returned nothing."""
@@ -1004,6 +1151,7 @@ class Ingest:
             "redeliveries": self.redeliveries,
             "duplicatesDropped": self.duplicates,
             "reconnects": self.reconnects,
+            "deadLettered": self.dead_lettered,
             "logWaits": self.log_waits,
             "logWaitSeconds": round(self.log_wait_seconds, 3),
             "paused": self.paused,

@@ -3,7 +3,8 @@
 Responsible for: the STOMP-specific parts only: SUBSCRIBE with ``ack:client`` (``ack:auto`` in
 ``auto`` mode) and the broker's prefetch header, a MESSAGE frame as a row (every header in the
 ``headers`` map), cumulative ACKs (per message on a broker not known to ack cumulatively), in
-``commit`` mode inside BEGIN/ACK/COMMIT, and pausing ``auto`` consumption by unsubscribing.
+``commit`` mode inside BEGIN/ACK/COMMIT, pausing ``auto`` consumption by unsubscribing, a frame above
+``maxFrameBytes`` as a poison delivery, and dead-lettering (SEND to ``deadLetterDestination``, then ACK).
 
     spark.readStream.format("stomp").option("uri", "stomp://guest:guest@host:61613")
         .option("destination", "/queue/orders").option("logLocation", "/shared/orders-log").load()
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spark_mq.errors import BrokerRefusedError, OptionError
+from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_stomp
@@ -30,6 +31,18 @@ __all__ = ["StompDataSource", "StompConsumer", "connect_consumer", "validate"]
 def validate(opts: Options) -> None:
     if not opts.get("destination"):
         raise OptionError("the stomp source needs option 'destination' (e.g. /queue/orders)")
+    dlq = opts.get("deadLetterDestination")
+    if opts.get("poisonMessages") == "deadletter" and not dlq:
+        raise OptionError("option 'poisonMessages' is deadLetter: the stomp source needs option "
+                          "'deadLetterDestination' (where poison messages are sent, e.g. /queue/orders.dlq)")
+    if dlq and dlq == opts.destination:
+        raise OptionError(f"option 'deadLetterDestination' is {dlq!r}, the destination read: a poison message "
+                          f"would come back to fail again")
+
+
+#: headers of one delivery, not of the message: left out of a dead-lettered copy (the broker sets its own)
+_DELIVERY_HEADERS = frozenset({"message-id", "destination", "subscription", "content-length", "redelivered",
+                               "ack", "receipt", "transaction"})
 
 
 def _int(value):
@@ -46,7 +59,7 @@ class StompConsumer:
         self.auto = opts.get("ackMode") == "auto"
         self.commit_mode = opts.get("ackMode") == "commit"
         self.include_headers = opts.includeHeaders
-        self.client = connect_stomp(opts, start=attempt)
+        self.client = connect_stomp(opts, start=attempt, max_frame_size=opts.maxFrameBytes)
         profile = self.client.broker
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
@@ -85,6 +98,8 @@ class StompConsumer:
 
     def row(self, frame, offset: int, now_us: int) -> tuple:
         h = frame.headers
+        if frame.oversize:
+            raise self._too_large(frame)
         redelivered = h.get("redelivered") == "true"
         headers = None
         if self.include_headers:
@@ -95,6 +110,33 @@ class StompConsumer:
         return (frame.body, h.get("destination", self.destination), mid, ts, headers, redelivered, offset,
                 h.get("subscription"), h.get("content-type"), h.get("correlation-id"), h.get("reply-to"),
                 _int(h.get("priority")), _int(h.get("expires")))
+
+    def _too_large(self, frame) -> PoisonDelivery:
+        h = frame.headers
+        length = h.get("content-length")
+        size = f"{frame.oversize} bytes" + (f" (content-length {length})" if length else "")
+        return PoisonDelivery(
+            f"its MESSAGE frame of {size} is above maxFrameBytes={self.opts.maxFrameBytes} (message-id "
+            f"{h.get('message-id')!r}); its body was skipped as it arrived",
+            msg=frame, message_id=h.get("message-id"), destination=h.get("destination", self.destination),
+            headers=[(k, v) for k, v in h.items() if k != "content-length"], size=frame.oversize, held=False,
+            option="maxFrameBytes")
+
+    def dead_letter(self, frame, reason: str, failures: int) -> None:
+        """SEND a poison message to ``deadLetterDestination`` (its headers, and why), wait for the
+        broker's receipt, then ACK it: never acknowledged unless the copy was taken."""
+        h = frame.headers
+        headers = {k: v for k, v in h.items() if v is not None and k and k not in _DELIVERY_HEADERS}
+        headers.update({
+            "persistent": "true",
+            "x-spark-mq-dead-letter-from": h.get("destination", self.destination),
+            "x-spark-mq-dead-letter-message-id": h.get("message-id", ""),
+            "x-spark-mq-dead-letter-failures": str(failures),
+            "x-spark-mq-dead-letter-reason": " ".join(reason.split())[:1000],  # one line: STOMP 1.0 cannot escape
+        })
+        self.client.send(self.opts.deadLetterDestination, frame.body, headers=headers, receipt=True)
+        if not self.auto:
+            self.client.ack(frame)
 
     def ack(self, frames: list) -> None:
         if self.auto or not frames:

@@ -72,9 +72,18 @@ def test_dropped_mid_frame_keeps_earlier_messages():
 
 
 def test_oversized_frame():
-    peer = ScriptedPeer(CONNECTED, GOOD, b"MESSAGE\ndestination:/queue/a\nmessage-id:2\ncontent-length:5000\n\n" + b"x" * 5000 + b"\x00")
+    """A MESSAGE above the bound is skipped as it arrives and handed out with ``oversize`` and no body;
+    the connection goes on (issue 43, item 7: dropping it failed every session, the broker redelivering
+    it first). Any other frame above the bound still ends the connection."""
+    big = b"MESSAGE\ndestination:/queue/a\nmessage-id:2\ncontent-length:5000\n\n" + b"x" * 5000 + b"\x00"
+    peer = ScriptedPeer(CONNECTED, GOOD, big, GOOD.replace(b"message-id:1", b"message-id:3"),
+                        b"ERROR\nmessage:x\ncontent-length:5000\n\n" + b"y" * 5000 + b"\x00")
     c = client_for(peer, max_frame_size=1000)
     assert c.receive(10).body == b"a\x00b"
+    skipped = c.receive(10)
+    assert skipped.oversize == len(big) and skipped.body == b"" and skipped.headers["message-id"] == "2"
+    after = c.receive(10)
+    assert after.headers["message-id"] == "3" and after.body == b"a\x00b" and after.oversize == 0
     cause = _expect_drop(c, FrameTooLargeError)
     assert cause.header == "content-length"
     c.close()

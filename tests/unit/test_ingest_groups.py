@@ -726,3 +726,80 @@ def test_identities_of_a_group_are_recorded_once_it_is_in_the_log(tmp_path):
     ing._step()  # the same ids redelivered: all dropped as duplicates
     assert ing.log.head == 3 and ing.duplicates == 3
     ing.log.close()
+
+
+class _PoisonConsumer(_FakeAmqpConsumer):
+    """Deliveries 'a', 'bad', 'c' each session; 'bad' cannot be taken. Records what happens, in order."""
+
+    def __init__(self, events, log_):
+        super().__init__(["a", "bad", "c"])
+        self.events, self.log_ = events, log_
+
+    def row(self, msg, offset, now_us):
+        from spark_mq.errors import PoisonDelivery
+        if msg[0] == "bad":
+            raise PoisonDelivery("column 'x' cannot hold it (test)", msg=msg, message_id="bad", destination="q",
+                                 body=b"body-bad")
+        return super().row(msg, offset, now_us)
+
+    def ack(self, msgs):
+        self.events.append(("ack", [m[0] for m in msgs], self.log_.durable_head))
+
+    def dead_letter(self, msg, reason, failures):
+        self.events.append(("dead-letter", msg[0], failures, self.log_.durable_head, reason))
+
+
+def test_a_poison_delivery_fails_its_sessions_then_is_dead_lettered_after_those_before_it_are_durable(tmp_path):
+    from spark_mq.errors import PoisonDelivery
+    ing = _ingest(tmp_path, fmt="amqp08", maxDeliveryFailures="2", poisonMessages="deadLetter")
+    events = []
+    ing._consumer = _PoisonConsumer(events, ing.log)
+    ing._resumed.set()
+    with pytest.raises(PoisonDelivery):       # first failure: the session fails, nothing of the group taken
+        ing._step()
+    assert ing.log.head == 0 and events == [] and ing.consumed == 0 and len(ing._dedup) == 0
+    ing._step()                              # the broker redelivered it: the second failure dead-letters it
+    assert ing.log.head == 2 and ing.dead_lettered == 1
+    # 'a' durable and acked before the dead-lettering; 'c' taken after it
+    assert [e[:2] for e in events] == [("ack", ["a"]), ("dead-letter", "bad"), ("ack", ["c"])], events
+    assert events[1][2] == 2 and events[1][3] >= 1 and "column 'x' cannot hold it (test)" in events[1][4]
+    ing.log.close()
+
+
+def test_a_poison_delivery_fails_the_query_naming_it_by_default(tmp_path):
+    from spark_mq.errors import PoisonDelivery
+    from spark_mq.sources.ingest import DeliveryFailedError
+    ing = _ingest(tmp_path, fmt="amqp08", maxDeliveryFailures="3")
+    events = []
+    ing._consumer = _PoisonConsumer(events, ing.log)
+    ing._resumed.set()
+    for _ in range(2):
+        with pytest.raises(PoisonDelivery):
+            ing._step()
+    with pytest.raises(DeliveryFailedError, match=r"message 'bad' from 'q' failed 3 sessions \(maxDeliveryFailures=3, "
+                                                  r"poisonMessages=fail\): column 'x' cannot hold it"):
+        ing._step()
+    assert ing.log.head == 0 and events == []  # nothing logged, nothing acknowledged
+    ing.log.close()
+
+
+def test_a_value_no_column_holds_is_a_poison_delivery_naming_the_column(tmp_path, monkeypatch):
+    """The columns keep what they can (spark_mq.arrowcols); a value that fails all the same is the
+    delivery's, not the group's: the row that fails alone is named."""
+    from spark_mq.errors import PoisonDelivery
+    ing = _ingest(tmp_path, fmt="amqp08")
+    ing._consumer = _FakeAmqpConsumer(["a", "b"])
+    real_row = ing._consumer.row
+
+    def row(msg, offset, now_us):
+        r = list(real_row(msg, offset, now_us))
+        if msg[0] == "b":
+            r[4] = [(None, "v")]  # a header without a name: no map key can be null
+        return tuple(r)
+
+    ing._consumer.row = row
+    ing._resumed.set()
+    with pytest.raises(PoisonDelivery, match="column 'headers' cannot hold its value") as info:
+        ing._step()
+    assert info.value.message_id == "b" and ing.log.head == 0
+    ing.log.close()

@@ -164,7 +164,7 @@ def _stomp_consumer_refused(monkeypatch, error: BaseException, destination: str)
         def close(self):
             Client.closed = True
 
-    monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0: Client())
+    monkeypatch.setattr(stomp_src, "connect_stomp", lambda opts, start=0, **kw: Client())
     opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": destination, "logLocation": "/nonexistent"},
                          format="stomp", direction=SOURCE)
     with pytest.raises(Exception) as info:
@@ -260,5 +260,66 @@ def test_reconnect_waits_start_at_reconnectDelay_and_double_up_to_the_max(tmp_pa
     try:
         assert _wait(lambda: ing._consumer is connected), "no connection after the failures"
         assert bounds == [(0, 0.5), (0, 1.0), (0, 1.5), (0, 1.5)]
+    finally:
+        ing.stop(timeout=5)
+
+
+class _FailsAtOnce(Consumer):
+    """A session that connects and fails at its first poll: a delivery the client cannot decode."""
+
+    def poll(self, max_count, timeout):
+        raise ConnectionClosedError("malformed frame from the broker (test)")
+
+
+def test_sessions_that_fail_at_once_back_off_and_broker_timeout_fires(tmp_path):
+    """Issue 43, item 7: a consumer failing right after connect made 238,478 connections in 4 s;
+    only a failed connect counted as a failed attempt, and brokerTimeout never fired. A session that
+    ends without progress is a failed attempt now (the delay doubles, with full jitter), and
+    brokerTimeout counts from the last progress, naming the last error."""
+    ing = _ingest(tmp_path, reconnectDelay="0.1", reconnectMaxDelay="0.4", brokerTimeout="3")
+    made = []
+
+    def connect(attempt):
+        c = _FailsAtOnce([])
+        made.append(c)
+        return c
+
+    ing._connect = connect
+    ing.start()
+    try:
+        assert _wait(lambda: ing.error is not None, timeout=30), f"brokerTimeout never fired ({len(made)} connections)"
+        # 3 s of delays of at most 0.1, 0.2, 0.4, 0.4 ... s (full jitter: 0.1 s apart on average at
+        # worst): some tens of sessions; without backoff, tens of thousands
+        assert len(made) < 200, len(made)
+        text = str(ing.error)
+        assert "brokerTimeout" in text and "malformed frame from the broker (test)" in text, text
+        assert all(c.closed for c in made)
+    finally:
+        ing.stop(timeout=5)
+
+
+class _FailsAfterGroups(Consumer):
+    def poll(self, max_count, timeout):
+        if not self.bodies:
+            raise ConnectionClosedError("lost (test)")
+        return super().poll(1, timeout)
+
+
+def test_a_session_that_made_progress_reconnects_at_once(tmp_path):
+    """A session that took messages before it was lost is an outage, not a poison: the next connect
+    starts the backoff over (its first delay comes only if that one fails too)."""
+    ing = _ingest(tmp_path, reconnectDelay="5", brokerTimeout="60")
+    made = []
+
+    def connect(attempt):
+        c = _FailsAfterGroups([b"x"] if len(made) < 3 else [b"x"] * 1000)
+        made.append(c)
+        return c
+
+    ing._connect = connect
+    ing.start()
+    try:
+        assert _wait(lambda: len(made) >= 4, timeout=10), f"progressing sessions waited between connects: {len(made)}"
+        assert ing.error is None
     finally:
         ing.stop(timeout=5)

@@ -4,6 +4,8 @@ Pure functions over bytes: no sockets, threads or clocks. Decoders take ``(buf, 
 ``(value, new_offset)``; they may raise ``struct.error``/``IndexError``/``UnicodeDecodeError`` on
 truncated or malformed input, which the frame layer turns into ``RemoteProtocolError``.
 
+A field-table timestamp past the year 9999 decodes as a ``RawTimestamp`` (its seconds), not an error.
+
 Field tables cover the 0-8 types (S I D T F) and the wider ones RabbitMQ sends (t b B s u i l f d x A V).
 """
 
@@ -74,6 +76,8 @@ def _encode_value(key, value) -> bytes:
     # order matters: bool is an int, datetime before generic objects
     if isinstance(value, bool):
         return b"t\x01" if value else b"t\x00"
+    if isinstance(value, RawTimestamp):
+        return b"T" + _S_Q.pack(value)
     if isinstance(value, int):
         if INT32_MIN <= value <= INT32_MAX:
             return b"I" + _S_i.pack(value)
@@ -167,8 +171,27 @@ def _decode_decimal(buf, o):
     return Decimal(unscaled).scaleb(-scale), o + 5
 
 
+class RawTimestamp(int):
+    """A field-table timestamp past what ``datetime`` holds (years 1-9999), kept as its count of
+    seconds since the epoch. Other clients send milliseconds where AMQP means seconds (the year
+    58,000 for a date of 2026): failing the decode dropped the connection at every redelivery of
+    such a message; kept as the number, the sender's value is there to read, and it encodes back
+    as the same timestamp."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"RawTimestamp({int(self)})"
+
+    __str__ = int.__repr__
+
+
 def _decode_timestamp(buf, o):
-    return _EPOCH + _dt.timedelta(seconds=_S_Q.unpack_from(buf, o)[0]), o + 8
+    seconds = _S_Q.unpack_from(buf, o)[0]
+    try:
+        return _EPOCH + _dt.timedelta(seconds=seconds), o + 8
+    except OverflowError:
+        return RawTimestamp(seconds), o + 8
 
 
 def _fixed(struct: Struct, convert=None):

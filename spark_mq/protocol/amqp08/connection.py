@@ -51,10 +51,45 @@ _unpack_class = Struct(">H").unpack_from
 _unpack_index = Struct(">I").unpack_from
 _unpack_body_size = Struct(">Q").unpack_from
 _unpack_header_frame = Struct(">BHIHHQ").unpack_from  # frame header + class, weight, body size
-_decode_basic_properties = spec.BasicProperties.decode
 _decode_deliver = spec.BasicDeliver.decode
 #: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
 _REPLIES = frozenset(r for m in (*_METHODS.values(), *spec.RABBITMQ_METHODS.values()) for r in m.RESPONSES)
+
+class UndecodableProperties(spec.BasicProperties):
+    """The basic properties of a delivery that could not be decoded, as empty properties with the raw
+    property bytes (``raw``) and why (``error``). The content header frame itself was whole, so the
+    connection goes on and the message is delivered: a consumer decides what it means (the
+    ``amqp08`` source treats it as a poison message). RabbitMQ parses what publishers send but
+    passes, for one, a headers table nested 2,000 deep, past Python's recursion limit: failing the
+    connection on it failed every session, the broker redelivering it first."""
+
+    __slots__ = ("raw", "error")
+
+    def __init__(self, raw: bytes, error: str) -> None:
+        super().__init__()
+        self.raw = raw
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<UndecodableProperties({len(self.raw)} bytes: {self.error})>"
+
+
+def _properties(cls, buf, start: int, end: int):
+    """Decode the properties of a whole content header frame, ``buf[start:end]``; what cannot be
+    decoded becomes ``UndecodableProperties`` (class basic), not a protocol error."""
+    try:
+        props, stop = cls.decode(buf, start)
+        if stop == end:
+            return props
+        error = f"the properties take {stop - start} bytes, the frame has {end - start}"
+    except (*DECODE_ERRORS, RemoteProtocolError, RecursionError) as exc:
+        if cls is not spec.BasicProperties:
+            raise
+        error = f"{type(exc).__name__}: {exc}"
+    if cls is not spec.BasicProperties:
+        raise RemoteProtocolError(f"content header of class {cls.CLASS_ID}: {error}")
+    return UndecodableProperties(bytes(buf[start:end]), error)
+
 
 #: RabbitMQ closes the socket silently on bad credentials unless the client announces this.
 CLIENT_CAPABILITIES = {"authentication_failure_close": True}
@@ -382,11 +417,7 @@ class Connection:
                             hend = h + 7 + hsize
                             if (htype == _HEADER and hchannel == channel and class_id == 60 and hend < n
                                     and hsize + 8 <= limit and buf[hend] == _FRAME_END):
-                                props, stop = _decode_basic_properties(buf, h + 19)
-                                if stop != hend:
-                                    raise RemoteProtocolError(
-                                        f"content header on channel {channel}: properties take "
-                                        f"{stop - h - 7} bytes, frame has {hsize}")
+                                props = _properties(spec.BasicProperties, buf, h + 19, hend)
                                 if body_size == 0:
                                     events.append(_new_content(ContentReceived, (channel, method, props, b"")))
                                     o = hend + 1
@@ -407,11 +438,7 @@ class Connection:
                 elif ftype == _HEADER:
                     if (ch is not None and ch.content_method is not None and ch.content_props is None
                             and size >= 14 and _unpack_class(buf, start)[0] == ch.content_method.CLASS_ID):
-                        props, stop = _PROPERTIES[ch.content_method.CLASS_ID].decode(buf, start + 12)
-                        if stop != end:
-                            raise RemoteProtocolError(f"content header on channel {channel}: properties take "
-                                                      f"{stop - start} bytes, frame has {size}")
-                        ch.content_props = props
+                        ch.content_props = _properties(_PROPERTIES[ch.content_method.CLASS_ID], buf, start + 12, end)
                         ch.content_size = _unpack_body_size(buf, start + 4)[0]
                         if ch.content_size == 0:
                             self._content_done(ch, b"", events)
@@ -608,12 +635,7 @@ class Connection:
             raise RemoteProtocolError(
                 f"content header of class {class_id} after {ch.content_method.NAME} on channel {channel}"
             )
-        props, end = _PROPERTIES[class_id].decode(payload, 12)
-        if end != len(payload):
-            raise RemoteProtocolError(
-                f"content header on channel {channel}: properties take {end} bytes, frame has {len(payload)}"
-            )
-        ch.content_props = props
+        ch.content_props = _properties(_PROPERTIES[class_id], payload, 12, len(payload))
         ch.content_size = size
         if size == 0:
             self._content_done(ch, b"", events)

@@ -18,14 +18,18 @@ HeaderItems = Union[Mapping[str, str], Iterable[Tuple[str, str]], None]
 
 
 class Frame:
-    """One STOMP frame.  ``headers`` is a plain dict; ``body`` is bytes."""
+    """One STOMP frame.  ``headers`` is a plain dict; ``body`` is bytes.
 
-    __slots__ = ("command", "headers", "body")
+    ``oversize``: 0, or the size of a MESSAGE frame above the parser's bound, whose body was skipped
+    (``body`` is empty): the connection goes on, and the consumer decides what the message means."""
+
+    __slots__ = ("command", "headers", "body", "oversize")
 
     def __init__(self, command: Command, headers: Optional[dict] = None, body: bytes = b"") -> None:
         self.command = command
         self.headers = {} if headers is None else headers
         self.body = body
+        self.oversize = 0
 
     # -- conveniences for the headers every consumer reads --------------------------------------
     @property
@@ -140,4 +144,6 @@ def encode_frame(
             "a body with NUL bytes needs a content-length header", command=cmd, header=Header.CONTENT_LENGTH
         )
     lines.append("\n")
-    return b"".join(("\n".join(lines).encode(ENCODING), body, b"\x00"))
+    # surrogateescape: header bytes that were not UTF-8 when received (kept so by the parser) go back
+    # as they came, in an ACK's message-id or a dead-lettered copy
+    return b"".join(("\n".join(lines).encode(ENCODING, "surrogateescape"), body, b"\x00"))

@@ -6,7 +6,13 @@ buffer is a bytearray searched with ``find`` at offsets and trimmed once per ``f
 whose headers are parsed but whose body has not fully arrived is remembered, so a large body is
 neither re-parsed nor re-scanned as it trickles in.
 
-Anything that is not a valid frame raises ``StompRemoteProtocolError`` naming the frame and
+Header bytes that are not UTF-8 are kept as lone surrogates (``surrogateescape``: the encoder
+writes them back as they came), and a header line without a colon is kept as a name with the value
+None: one odd header must not cost the connection (the broker would redeliver the message first,
+and the session fail again). A MESSAGE frame above the bound has its body skipped, not buffered,
+and comes out with ``oversize`` set and an empty body; any other frame above it is an error.
+
+Anything else that is not a valid frame raises ``StompRemoteProtocolError`` naming the frame and
 header at fault.  Frames completed in the same ``feed`` before the bad bytes are not lost:
 ``take_parsed()`` hands them over after the exception.  A parser that raised is finished; feeding
 it again raises the same error.
@@ -66,6 +72,11 @@ class FrameParser:
         self._scan_from = 0  # where to resume looking for the NUL of a NUL-framed body
         self._parsed: List[Frame] = []
         self._failed: Optional[StompRemoteProtocolError] = None
+        # A MESSAGE above the bound whose body is being skipped: the frame, the body bytes still to
+        # skip (-1: up to the NUL), the frame's size so far
+        self._skip: Optional[Frame] = None
+        self._skip_left = 0
+        self._skip_size = 0
 
     @property
     def buffered(self) -> int:
@@ -104,6 +115,9 @@ class FrameParser:
         """The stream ended: raise ``IncompleteFrameError`` if it ended inside a frame."""
         buf = self._buf
         rest = buf.lstrip(b"\r\n")
+        if self._skip is not None:
+            raise IncompleteFrameError(f"connection closed inside a frame above the {self._max}-byte bound",
+                                       command=self._skip.command.value)
         if self._pending is not None or rest:
             command = self._pending.command.value if self._pending is not None else _peek_command(rest)
             raise IncompleteFrameError(
@@ -116,6 +130,11 @@ class FrameParser:
         pos = 0
         maxsize = self._max
         while True:
+            if self._skip is not None:
+                pos = self._skip_body(buf, pos, n, out)
+                if self._skip is not None:
+                    return pos
+                continue
             frame = self._pending
             if frame is None:
                 # Skip the line feeds brokers put between frames (and CR LF from lenient ones).
@@ -133,6 +152,10 @@ class FrameParser:
                 self._scan_from = body_start
                 if length >= 0 and body_start - pos + length > maxsize:
                     self._pending = None
+                    if frame.command is Command.MESSAGE:
+                        self._start_skip(frame, length, body_start - pos)
+                        pos = body_start
+                        continue
                     raise FrameTooLargeError(
                         f"content-length {length} exceeds the {maxsize}-byte frame bound",
                         command=frame.command.value,
@@ -159,6 +182,9 @@ class FrameParser:
                 if end < 0:
                     if n - frame_start > maxsize:
                         self._pending = None
+                        if frame.command is Command.MESSAGE:
+                            self._start_skip(frame, -1, n - frame_start)
+                            return n
                         raise FrameTooLargeError(
                             f"frame without NUL exceeds the {maxsize}-byte frame bound",
                             command=frame.command.value,
@@ -167,6 +193,11 @@ class FrameParser:
                     return frame_start
                 if end - frame_start > maxsize:
                     self._pending = None
+                    if frame.command is Command.MESSAGE:
+                        frame.oversize = end + 1 - frame_start
+                        out.append(frame)
+                        pos = end + 1
+                        continue
                     raise FrameTooLargeError(
                         f"frame exceeds the {maxsize}-byte frame bound", command=frame.command.value
                     )
@@ -174,6 +205,38 @@ class FrameParser:
             out.append(frame)
             self._pending = None
             pos = end + 1
+
+    def _start_skip(self, frame: Frame, left: int, size: int) -> None:
+        self._skip, self._skip_left, self._skip_size = frame, left, size
+
+    def _skip_body(self, buf: bytearray, pos: int, n: int, out: List[Frame]) -> int:
+        """Skip what arrived of an oversize MESSAGE's body; once it is over, hand out the frame."""
+        frame = self._skip
+        left = self._skip_left
+        if left >= 0:
+            take = min(left, n - pos)
+            pos += take
+            self._skip_size += take
+            self._skip_left = left = left - take
+            if left or pos >= n:
+                return pos
+            if buf[pos] != 0:
+                self._skip = None
+                raise StompRemoteProtocolError(
+                    f"content-length {frame.headers.get(_CONTENT_LENGTH)} is not followed by the NUL that "
+                    f"ends the frame", command=frame.command.value, header=_CONTENT_LENGTH)
+            pos += 1
+        else:
+            end = buf.find(b"\x00", pos)
+            if end < 0:
+                self._skip_size += n - pos
+                return n
+            self._skip_size += end - pos
+            pos = end + 1
+        frame.oversize = self._skip_size + 1
+        out.append(frame)
+        self._skip = None
+        return pos
 
     def _check_partial_head(self, buf: bytearray, pos: int, n: int) -> None:
         """Fail early on an unknown command or an endless header block."""
@@ -199,26 +262,21 @@ class FrameParser:
         return command
 
     def _parse_head(self, buf: bytearray, pos: int, head_end: int) -> Frame:
-        try:
-            text = buf[pos:head_end].decode(ENCODING)
-        except UnicodeDecodeError as exc:
-            nl = buf.find(b"\n", pos, head_end)
-            self._command(bytes(buf[pos : nl if nl >= 0 else head_end]))
-            raise StompRemoteProtocolError(f"frame headers are not UTF-8: {exc}") from exc
+        text = buf[pos:head_end].decode(ENCODING, "surrogateescape")
         lines = text.split("\n")
         spec = self._specs.get(lines[0])
         if spec is None:
-            self._command(lines[0].encode(ENCODING))  # raises, naming the command
+            self._command(lines[0].encode(ENCODING, "surrogateescape"))  # raises, naming the command
         command, required, is_unsubscribe = spec
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
-            if not sep or not name:
-                raise StompRemoteProtocolError(f"header line {line[:60]!r} is not 'name:value'", command=command.value)
+            if not sep:
+                value = None  # kept, as a name without value: the whole line is there to read
             if name not in headers:  # the first of repeated headers wins
                 headers[name] = value
         if self.unescape_headers and "\\" in text:
-            headers = {unescape_value(k): unescape_value(v) for k, v in headers.items()}
+            headers = {unescape_value(k): (unescape_value(v) if v is not None else None) for k, v in headers.items()}
         for name in required:
             if name not in headers:
                 raise StompRemoteProtocolError("missing required header", command=command.value, header=name)

@@ -350,3 +350,63 @@ def test_protocol_error_queues_a_close_naming_the_fault():
     assert isinstance(close, spec.ConnectionClose) and close.reply_code == 501
     assert "frame type 9" in close.reply_text
     assert conn.state is ConnState.CLOSED
+
+
+class _RawProps(spec.BasicProperties):
+    """Basic properties written as given bytes (what no encoder of ours writes)."""
+
+    __slots__ = ("raw",)
+
+    def encode(self):
+        return self.raw
+
+
+def _overrunning_headers():
+    """A headers table that says it is longer than its frame (the frame itself is whole)."""
+    import struct
+    return struct.pack(">H", 0x2000) + struct.pack(">I", 1000) + b"\x01kt\x01"
+
+
+def test_properties_that_cannot_be_decoded_deliver_the_message_with_undecodable_properties():
+    """Issue 43, item 7: RabbitMQ delivers a headers table nested 2,000 deep; decoding it raised
+    RecursionError in the reader, and the connection died at every redelivery (integration test:
+    test_sources_poison.py). Any properties that fail to decode in a whole frame are the message's
+    problem, not the connection's: the message is delivered with the raw properties and the error,
+    on both decoding paths, and the connection goes on to the next delivery."""
+    from spark_mq.protocol.amqp08.connection import UndecodableProperties
+
+    poison = _RawProps()
+    poison.raw = _overrunning_headers()
+    data = server_content(1, spec.BasicDeliver(consumer_tag="c", delivery_tag=1), poison, b"poison") + \
+        server_content(1, spec.BasicDeliver(consumer_tag="c", delivery_tag=2), spec.BasicProperties(message_id="m2"),
+                       b"after")
+    fast, _ = open_connection()
+    open_channel(fast, 1)
+    slow, _ = open_connection()
+    open_channel(slow, 1)
+    slow_events = []
+    for i in range(0, len(data), 7):  # frame by frame: the general path
+        slow_events += slow.receive_data(data[i:i + 7])
+    for events in (fast.receive_data(data), slow_events):
+        first, second = events
+        assert type(first.properties) is UndecodableProperties and first.body == b"poison"
+        assert first.properties.raw == poison.raw and "runs past the end of its frame" in first.properties.error
+        assert first.properties.message_id is None and first.method.delivery_tag == 1
+        assert second.properties.message_id == "m2" and second.body == b"after"
+
+
+def test_field_table_timestamps_past_year_9999_decode_as_raw_seconds():
+    import datetime as dt
+    import struct
+
+    from spark_mq.protocol.amqp08.codec import RawTimestamp, encode_table
+
+    for seconds in (1_795_873_185_900, 2 ** 64 - 1):  # milliseconds sent as seconds; the largest
+        raw = b"\x04sentT" + struct.pack(">Q", seconds)
+        table, end = decode_table(struct.pack(">I", len(raw)) + raw, 0)
+        assert table == {"sent": seconds} and type(table["sent"]) is RawTimestamp and end == 4 + len(raw)
+        assert str(table["sent"]) == str(seconds)
+        assert encode_table(table) == struct.pack(">I", len(raw)) + raw  # back as the same timestamp
+    ok = b"\x01tT" + struct.pack(">Q", 1_795_873_185)
+    assert decode_table(struct.pack(">I", len(ok)) + ok, 0)[0]["t"] == \
+        dt.datetime(2026, 11, 28, 13, 39, 45, tzinfo=dt.timezone.utc)
