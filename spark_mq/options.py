@@ -483,7 +483,10 @@ SOURCE_OPTIONS = define(
         "committed ones (for producers that resend with the same id). Off: a message the broker delivers for "
         "the first time is never dropped (business keys used as ids, such as three events of one order, stay "
         "three messages); only deliveries the broker marks redelivered, and the first prefetch of deliveries "
-        "after a reconnect or restart (which a broker may resend unmarked), are matched.")),
+        "after a reconnect or restart (which a broker may resend unmarked), are matched. The id is the AMQP "
+        "message_id property, the STOMP header spark-mq-message-id where a spark-mq sink or bridge set it (the "
+        "same on every broker and in a replayed batch), else ActiveMQ's message-id (RabbitMQ's STOMP "
+        "message-ids change per session and are not used).")),
     OptionSpec("maxDeliveryFailures", OptionType.INT, default=5, minimum=1, directions=_SRC, formats=_SOCKET, doc=(
         "A delivery that fails this many sessions is a poison message, handled as poisonMessages says. It "
         "fails a session when the source cannot take it: AMQP properties the client cannot decode (a "

@@ -32,9 +32,15 @@ from spark_mq.arrowcols import column
 from spark_mq.errors import SparkMqError
 
 __all__ = [
-    "CORE_COLUMNS", "SOURCE_COLUMNS", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
+    "CORE_COLUMNS", "SOURCE_COLUMNS", "ID_HEADER", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
     "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value", "row_bytes_function",
 ]
+
+
+#: The header in which the STOMP sink carries a message's deterministic id (brokers replace ``message-id``
+#: on delivery). Sources take it as the message's stable id: it is the same on every broker and in every
+#: replay of the batch that sent it, where the broker's ids are not.
+ID_HEADER = "spark-mq-message-id"
 
 
 class SchemaError(SparkMqError, ValueError):

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pyarrow as pa
 
-from spark_mq.schema import CORE_COLUMNS, SOURCE_COLUMNS
+from spark_mq.schema import CORE_COLUMNS, ID_HEADER, SOURCE_COLUMNS
 from spark_mq.sinks.values import SinkDataError
 
 __all__ = ["Rule", "RULES", "Bridge", "detect", "rule_for", "table_markdown", "STOMP_FRAME_HEADERS",
@@ -47,7 +47,7 @@ AMQP_STOMP_HEADERS = {
 _STOMP_TO_AMQP = {v: k for k, v in AMQP_STOMP_HEADERS.items()}
 #: Header carrying an AMQP user_id: RabbitMQ refuses a published user_id other than the publisher's own.
 ORIGINAL_USER_ID = "original-user-id"
-SPARK_MQ_ID_HEADER = "spark-mq-message-id"
+SPARK_MQ_ID_HEADER = ID_HEADER
 
 _CORE = {name: typ for name, typ in CORE_COLUMNS}
 

@@ -15,13 +15,14 @@ from typing import Mapping
 from spark_mq.options import (
     AMQP08, FORMATS, MALAMUTE, SINK, STOMP, OptionSpec, Options, OptionType, define, parse_options,
 )
+from spark_mq.schema import ID_HEADER
 
 __all__ = ["SINK_OPTIONS", "parse_sink_options", "MESSAGE_ID_HEADER"]
 
 _SNK = frozenset({SINK})
 
 #: The STOMP header that carries the deterministic message id unless the row's headers name one.
-MESSAGE_ID_HEADER = "spark-mq-message-id"
+MESSAGE_ID_HEADER = ID_HEADER
 
 SINK_OPTIONS = define(
     # -- every format --------------------------------------------------------------------------

@@ -417,10 +417,24 @@ class Ingest:
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
                 if mid is not None:
                     add(mid, offset)
+                for key, value in headers or ():
+                    if key == S.ID_HEADER and value:
+                        add((S.ID_HEADER, value), offset)
                 add(content_identity(body, headers), offset)
 
+    def _stable_id(self, message_id, headers):
+        """The id that names this message across sessions and sends, or None: the header in which
+        spark-mq sinks carry their ids (STOMP; the same on every broker and in a replayed batch,
+        whose copies get new broker message-ids), else the broker's id where it is stable."""
+        if headers:
+            for key, value in headers:
+                if key == S.ID_HEADER and value:
+                    return (S.ID_HEADER, value)
+        return message_id if (message_id is not None and self._stable_ids) else None
+
     def _identity_of(self, body, message_id, headers):
-        return message_id if (message_id is not None and self._stable_ids) else content_identity(body, headers)
+        stable = self._stable_id(message_id, headers)
+        return stable if stable is not None else content_identity(body, headers)
 
     _progress = False   # the current session has taken a group (see _STEADY_SESSION)
     _stable_ids = True  # refined by the consumer once connected (STOMP on RabbitMQ: ids change per session)
@@ -659,16 +673,17 @@ class Ingest:
             # where asked for (dedupById) or where the broker may be resending (the first prefetch of
             # deliveries of a session after a lost one or of a restarted query): otherwise a message
             # the broker delivers for the first time is never dropped
-            check_all = self._stable_ids and (self.opts.dedupById or self._resend_window > 0)
+            check_all = self.opts.dedupById or self._resend_window > 0
             for msg in msgs:
                 row = consumer.row(msg, offset, now_us)
                 redelivered = row[5]
                 if redelivered:
                     redeliveries += 1
-                key = self._identity_of(row[0], row[2], row[4])
+                stable = self._stable_id(row[2], row[4])
+                key = stable if stable is not None else content_identity(row[0], row[4])
                 # redeliveries are matched by stable id or content hash; first deliveries only by
                 # stable id, and only where check_all says so (two sends of one body are two messages)
-                if (redelivered or (check_all and row[2] is not None)) and (key in dedup or key in group):
+                if (redelivered or (check_all and stable is not None)) and (key in dedup or key in group):
                     duplicates += 1
                     kept_tokens.append((None, msg))
                     continue

@@ -98,3 +98,64 @@ def test_a_poll_whose_connection_goes_while_gathering_hands_over_what_it_gathere
     assert stomp.poll(10, 1.0) == ["a", "b"]
     with pytest.raises(ConnectionClosedError):
         stomp.poll(10, 1.0)
+
+
+class _StompConsumer:
+    """STOMP-shaped deliveries on a broker whose message-ids change per session (RabbitMQ):
+    (body, broker message-id, spark-mq-message-id header or None, redelivered)."""
+
+    stable_ids = False
+
+    def __init__(self, deliveries):
+        self.deliveries = list(deliveries)
+
+    def poll(self, max_count, timeout):
+        out, self.deliveries = self.deliveries[:max_count], self.deliveries[max_count:]
+        return out
+
+    def row(self, msg, offset, now_us):
+        body, mid, sid, redelivered = msg
+        headers = [("message-id", mid)] + ([("spark-mq-message-id", sid)] if sid else [])
+        return (body, "/queue/q", mid, now_us, headers, redelivered, offset) + (None,) * 6
+
+    def ack(self, msgs):
+        pass
+
+    def token(self, msg):
+        return msg
+
+    def keepalive(self):
+        pass
+
+
+def _stomp_ingest(tmp_path, **extra):
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.ingest import Ingest
+
+    opts = parse_options({"uri": "stomp://127.0.0.1:1", "destination": "/queue/q",
+                          "logLocation": str(tmp_path / "log"), **extra}, format="stomp", direction=SOURCE)
+    return Ingest("stomp", opts, connect=None)
+
+
+@pytest.mark.parametrize("dedup_by_id, expected", [("false", [b"a", b"b", b"a2"]), ("true", [b"a", b"b"])])
+def test_a_spark_mq_message_id_header_is_a_stable_id_on_any_stomp_broker(tmp_path, dedup_by_id, expected):
+    """Issue 46: a bridge's replayed batch is published again with the same spark-mq-message-id but
+    new broker message-ids (RabbitMQ's change per session anyway). The header identifies the
+    message: a redelivered copy is dropped by it, and with dedupById a second send of the same id
+    (the replay) is dropped too; by default a first delivery is never dropped."""
+    ing = _stomp_ingest(tmp_path, dedupById=dedup_by_id)
+    try:
+        ing._consumer = _StompConsumer([
+            (b"a", "T_1@@s1@@1", "q:0:t:0:0", False),
+            (b"b", "T_1@@s1@@2", "q:0:t:0:1", False),
+            (b"a", "T_1@@s2@@1", "q:0:t:0:0", True),     # the broker's redelivery: another message-id
+            (b"a2", "T_1@@s2@@2", "q:0:t:0:0", False),   # the sink's replay of the same id
+        ])
+        ing._stable_ids = False  # what connecting to this consumer sets
+        while ing._consumer.deliveries:
+            ing._step()
+        ing._settle(keep=0)
+        bodies = [b for batch in ing.log.read(0, ing.log.head) for b in batch.column("body").to_pylist()]
+        assert bodies == expected
+    finally:
+        ing.log.close()
