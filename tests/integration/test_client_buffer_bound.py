@@ -89,7 +89,7 @@ def test_amqp_no_ack_consumer_holds_at_most_its_bound(rabbitmq, unique_name):
     with Connection.from_url(url) as conn:
         ch = conn.channel()
         ch.basic_consume(queue, no_ack=True)
-        held = _settled(lambda: len(ch._deliveries))
+        held = _settled(lambda: ch.pending_messages)
         assert held <= 10_000 + ONE_READ // BODY, f"the client holds {held} deliveries nobody took"
         _assert_all(_amqp_take_all(ch, BACKLOG))
         ch.queue_delete(queue)
@@ -123,3 +123,179 @@ def test_stomp_auto_subscription_holds_at_most_its_bound(stomp_broker, unique_na
         held = _settled(lambda: c.pending_messages)
         assert held <= 10_000 + ONE_READ // BODY, f"the client holds {held} messages nobody took"
         _assert_all(_stomp_take_all(c, BACKLOG))
+
+
+# -- an explicit bound, and the traps of not reading ----------------------------------------------
+
+SMALL = 500  # messages; the tests below pass it to the clients
+
+
+def _paused(driver, what: str) -> None:
+    """Wait until the client's reader has stopped reading (its bound is reached)."""
+    deadline = time.monotonic() + 30
+    while not driver.reading_paused:
+        assert time.monotonic() < deadline, f"{what}: the reader never stopped reading"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the broker fills the socket behind it
+
+
+def _amqp_consuming(rabbitmq, unique_name, **kw):
+    queue = unique_name("bound")
+    url = rabbitmq.url("amqp")
+    _amqp_backlog(url, queue)
+    conn = Connection.from_url(url, max_buffered_messages=SMALL, **kw)
+    return queue, conn
+
+
+def test_amqp_explicit_bound_and_every_message_taken(rabbitmq, unique_name):
+    queue, conn = _amqp_consuming(rabbitmq, unique_name)
+    with conn:
+        ch = conn.channel()
+        ch.basic_consume(queue, no_ack=True)
+        held = _settled(lambda: ch.pending_messages)
+        assert held <= SMALL + ONE_READ // BODY, f"the client holds {held} deliveries, bound {SMALL}"
+        assert conn.buffered_messages == held and conn.buffered_bytes == held * BODY
+        _assert_all(_amqp_take_all(ch, BACKLOG))
+        assert conn.buffered_messages == 0 and conn.buffered_bytes == 0
+        ch.queue_delete(queue)
+
+
+def test_amqp_tx_commit_ok_behind_unread_deliveries(rabbitmq, unique_name):
+    """tx.commit-ok on another channel of the connection, queued in the socket behind deliveries the
+    reader left unread: the commit still returns (the reader reads on while a call waits), and
+    nothing of the backlog is lost."""
+    queue, conn = _amqp_consuming(rabbitmq, unique_name)
+    with conn:
+        ch = conn.channel()
+        tx = conn.channel()
+        tx.tx_select()
+        ch.basic_consume(queue, no_ack=True)
+        _paused(conn._driver, "tx.commit-ok")
+        tx.basic_publish("", queue, _body(BACKLOG))
+        started = time.monotonic()
+        tx.tx_commit(timeout=30)
+        assert time.monotonic() - started < 30
+        _assert_all(_amqp_take_all(ch, BACKLOG + 1), BACKLOG + 1)
+        ch.queue_delete(queue)
+
+
+def test_amqp_cancel_and_channel_close_behind_unread_deliveries(rabbitmq, unique_name):
+    """basic.cancel-ok, then channel.close-ok, each queued behind unread deliveries: both return;
+    what was delivered stays takeable and the rest stays in the queue (no-ack: nothing else may go)."""
+    queue, conn = _amqp_consuming(rabbitmq, unique_name)
+    with conn:
+        control = conn.channel()
+        ch = conn.channel()
+        tag = ch.basic_consume(queue, no_ack=True)
+        _paused(conn._driver, "basic.cancel-ok")
+        ch.basic_cancel(tag)
+        got = [m.body for m in ch.drain()]
+        ch2 = conn.channel()
+        tag2 = ch2.basic_consume(queue, no_ack=True)
+        _paused(conn._driver, "channel.close-ok")
+        ch2.close(timeout=30)
+        got += [m.body for m in ch2.drain()]
+        left = control.queue_declare(queue, passive=True).message_count
+        assert 0 < len(got) < BACKLOG, len(got)
+        rest = conn.channel()
+        rest.basic_consume(queue, no_ack=True)
+        got += _amqp_take_all(rest, left)
+        _assert_all(got)
+        assert tag2 != tag
+        control.queue_delete(queue)
+
+
+def test_amqp_close_while_the_reader_waits_does_not_hang(rabbitmq, unique_name):
+    queue, conn = _amqp_consuming(rabbitmq, unique_name)
+    ch = conn.channel()
+    ch.basic_consume(queue, no_ack=True)
+    _paused(conn._driver, "connection.close-ok")
+    started = time.monotonic()
+    conn.close(timeout=10)
+    assert time.monotonic() - started < 15
+    assert not conn._driver.alive and not conn._driver._thread.is_alive()
+    with Connection.from_url(rabbitmq.url("amqp")) as other:
+        other.channel().queue_delete(queue)
+
+
+def test_amqp_heartbeats_while_the_reader_waits(rabbitmq, unique_name):
+    """Heartbeat 2 s, nothing read for 10 s (five intervals): our missed-heartbeat check does not
+    call the broker dead (its frames wait unread, by our choice), ours keep going out so the broker
+    does not call us dead, and every message is then taken."""
+    queue, conn = _amqp_consuming(rabbitmq, unique_name, heartbeat=2)
+    with conn:
+        assert conn.heartbeat == 2
+        ch = conn.channel()
+        ch.basic_consume(queue, no_ack=True)
+        _paused(conn._driver, "heartbeats")
+        time.sleep(10)
+        assert conn.is_open and conn._driver.reading_paused
+        _assert_all(_amqp_take_all(ch, BACKLOG))
+        ch.queue_delete(queue)
+
+
+def _stomp_consuming(broker, unique_name, **kw):
+    dest = "/queue/" + unique_name("bound")
+    _stomp_backlog(broker, dest)
+    c = StompClient("127.0.0.1", broker.stomp_port, login="guest", passcode="guest", timeout=20.0,
+                    max_buffered_messages=SMALL, **kw).connect()
+    c.subscribe(dest, ack="auto")
+    return dest, c
+
+
+def test_stomp_explicit_bound_and_receipt_behind_unread_messages(stomp_broker, unique_name):
+    """Held at most the bound; a RECEIPT queued behind unread messages still comes (``flush``);
+    every message is then taken."""
+    dest, c = _stomp_consuming(stomp_broker, unique_name)
+    try:
+        held = _settled(lambda: c.pending_messages)
+        assert held <= SMALL + ONE_READ // BODY, f"the client holds {held} messages, bound {SMALL}"
+        assert c.buffered_bytes == held * BODY
+        _paused(c._driver, "RECEIPT")
+        started = time.monotonic()
+        c.flush(timeout=30)
+        assert time.monotonic() - started < 30
+        _assert_all(_stomp_take_all(c, BACKLOG))
+        assert c.buffered_bytes == 0
+    finally:
+        c.close()
+
+
+def test_stomp_error_behind_unread_messages(stomp_broker, unique_name):
+    """An ERROR frame answering a call, queued behind unread messages, reaches the call (not a
+    receipt timeout); what arrived before it stays readable."""
+    from spark_mq.protocol.stomp10 import StompError
+
+    dest, c = _stomp_consuming(stomp_broker, unique_name)
+    try:
+        _paused(c._driver, "ERROR")
+        started = time.monotonic()
+        with pytest.raises(StompError):
+            if stomp_broker.kind == "rabbitmq":
+                c.subscribe("/nonsense/place", receipt=True)
+            else:
+                c.subscribe("/queue/" + unique_name("sel"), selector="a ===", receipt=True)
+        assert time.monotonic() - started < 20
+        assert c.pending_messages >= SMALL
+        first = c.receive(5)
+        assert first is not None and int(first.body[:8]) == 0
+    finally:
+        c.close()
+    if stomp_broker.kind == "rabbitmq":  # the ERROR ended the connection: drain what is left
+        with _stomp_client(stomp_broker) as d:
+            d.subscribe(dest, ack="auto")
+            while d.receive_many(BACKLOG, 3):
+                pass
+
+
+def test_stomp_disconnect_while_the_reader_waits_does_not_hang(stomp_broker, unique_name):
+    dest, c = _stomp_consuming(stomp_broker, unique_name)
+    _paused(c._driver, "DISCONNECT receipt")
+    started = time.monotonic()
+    c.disconnect(timeout=10)
+    assert time.monotonic() - started < 15
+    assert not c._driver.alive and not c._driver._thread.is_alive()
+    with _stomp_client(stomp_broker) as d:  # the backlog's rest, out of the shared broker
+        d.subscribe(dest, ack="auto")
+        while d.receive_many(BACKLOG, 3):
+            pass
