@@ -252,6 +252,11 @@ class Connection:
         """Body bytes of those deliveries."""
         return max(0, self._in_bytes - self._out_bytes)
 
+    @property
+    def reading_paused(self) -> bool:
+        """The reader leaves the socket unread: the application holds the bound untaken."""
+        return self._driver.reading_paused
+
     # -- flow control towards the application ----------------------------------------------------
 
     def _may_read(self) -> bool:
