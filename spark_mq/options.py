@@ -455,6 +455,15 @@ SOURCE_OPTIONS = define(
     OptionSpec("prefetch", OptionType.INT, minimum=1, directions=_SRC, formats=_SOCKET, doc=(
         "Broker prefetch (AMQP basic.qos, STOMP prefetch header). Default 1000 (10000 for ackMode=commit). "
         "Malamute has none: its reader reads at most 1 MiB ahead.")),
+    OptionSpec("clientBufferMessages", OptionType.INT, default=10_000, minimum=1, directions=_SRC, formats=_SOCKET,
+               doc=(
+        "Deliveries the AMQP/STOMP client holds received but not yet taken by the ingest; past it (or "
+        "clientBufferBytes) the client stops reading its socket, so TCP holds the broker back until the "
+        "ingest takes more. In ackMode=auto, which has no prefetch, this is the bound on what the broker has "
+        "forgotten and the log does not hold yet (plus the TCP buffers): lower it to narrow that window.")),
+    OptionSpec("clientBufferBytes", OptionType.SIZE, default=16 << 20, minimum=1, directions=_SRC, formats=_SOCKET,
+               doc="Body bytes the AMQP/STOMP client holds received but not yet taken by the ingest before it "
+                   "stops reading its socket (see clientBufferMessages)."),
     OptionSpec("failOnDataLoss", OptionType.BOOL, default=True, directions=_SRC, doc=(
         "Fail a batch whose log segments are gone (true), or read what is left and log a warning (false).")),
     OptionSpec("includeHeaders", OptionType.BOOL, default=True, directions=_SRC,

@@ -5,6 +5,12 @@ channel.flow and broker closes on its own, so a connection stays healthy while t
 does nothing (for example while Spark leaves a generator suspended). Application threads call the
 ``Channel`` methods, which queue frames, write them, and wait (always with a timeout) for the reply.
 
+Flow control towards the application: deliveries queued for ``next_message``/``drain`` are held
+up to ``max_buffered_messages`` and ``max_buffered_bytes`` (of bodies) per connection; past that
+the reader leaves the socket unread, so TCP fills and the broker stops sending (this bounds a
+no-ack consumer, which no prefetch does), until the application takes some. While a call waits
+for its reply (which may be queued behind those deliveries) the reader reads on past the bound.
+
 Broker errors surface as the generated exception classes (``NotFoundError``...): a soft error
 closes only its channel and leaves the connection usable; a hard one closes the connection and
 every waiter gets it. Nothing here blocks forever: every wait has a deadline and is woken when the
@@ -51,6 +57,10 @@ from spark_mq.transport.stream import StreamDriver, TlsOptions, open_socket
 __all__ = ["Connection", "Channel", "Message", "BasicProperties", "TimeoutError", "parse_url"]
 
 DEFAULT_TIMEOUT = 30.0
+#: Deliveries a connection holds for the application (not yet taken) before it stops reading.
+DEFAULT_MAX_BUFFERED_MESSAGES = 10_000
+#: Body bytes of those deliveries before it stops reading.
+DEFAULT_MAX_BUFFERED_BYTES = 16 << 20
 _monotonic = time.monotonic
 _BasicDeliver = spec.BasicDeliver
 
@@ -135,7 +145,12 @@ class Connection:
         client_properties: Optional[dict] = None,
         insist: bool = False,
         dialect: str = "auto",
+        max_buffered_messages: Optional[int] = DEFAULT_MAX_BUFFERED_MESSAGES,
+        max_buffered_bytes: Optional[int] = DEFAULT_MAX_BUFFERED_BYTES,
     ) -> None:
+        """``max_buffered_messages``/``max_buffered_bytes``: what the connection holds of deliveries
+        not yet taken before its reader stops reading the socket (None: no bound); the reader may
+        pass them by one socket read (256 KiB), or by what arrives while a call waits for a reply."""
         if dialect not in ("auto", "spec", "rabbitmq"):
             raise LocalProtocolError(f"dialect must be auto, spec or rabbitmq, not {dialect!r}")
         self.host = host
@@ -152,10 +167,24 @@ class Connection:
         self._closed = False
         self._redirect: Optional[ConnectionRedirected] = None
         self.server_properties: dict = {}
+        # Deliveries held for the application: counted in by the reader (under the lock), out by
+        # whoever takes them (under _take_lock); each counter has one kind of writer.
+        for name, bound in (("max_buffered_messages", max_buffered_messages),
+                            ("max_buffered_bytes", max_buffered_bytes)):
+            if bound is not None and bound < 1:
+                raise LocalProtocolError(f"{name} must be at least 1 (or None for no bound), not {bound!r}")
+        self.max_buffered_messages = max_buffered_messages
+        self.max_buffered_bytes = max_buffered_bytes
+        self._in_msgs = self._in_bytes = 0
+        self._out_msgs = self._out_bytes = 0
+        self._take_lock = threading.Lock()
+        self._awaiting = 0  # calls waiting for a reply: the reader reads past the bound meanwhile
+        bounded = max_buffered_messages is not None or max_buffered_bytes is not None
         sock = open_socket(host, port, timeout=connect_timeout, tls=tls)
         self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed,
                                     on_tick=self._on_tick, tick_interval=_tick_for(heartbeat),
-                                    name=f"amqp08-reader-{host}:{port}")
+                                    name=f"amqp08-reader-{host}:{port}",
+                                    may_read=self._may_read if bounded else None)
         with self._lock:
             self._driver.send(self._proto.initiate())
             self._proto.note_sent(_monotonic())
@@ -213,6 +242,57 @@ class Connection:
     def channel_max(self) -> int:
         return self._proto.channel_max
 
+    @property
+    def buffered_messages(self) -> int:
+        """Deliveries received on every channel and not yet taken (``next_message``, ``drain``)."""
+        return max(0, self._in_msgs - self._out_msgs)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Body bytes of those deliveries."""
+        return max(0, self._in_bytes - self._out_bytes)
+
+    @property
+    def reading_paused(self) -> bool:
+        """The reader leaves the socket unread: the application holds the bound untaken."""
+        return self._driver.reading_paused
+
+    # -- flow control towards the application ----------------------------------------------------
+
+    def _may_read(self) -> bool:
+        """Asked by the reader before each read: room for more deliveries, or a reply awaited (it
+        may be queued behind deliveries nobody takes yet), or the connection is ending."""
+        if self._awaiting or self._closed:
+            return True
+        bound = self.max_buffered_messages
+        if bound is not None and self._in_msgs - self._out_msgs >= bound:
+            return False
+        bound = self.max_buffered_bytes
+        return bound is None or self._in_bytes - self._out_bytes < bound
+
+    def _took(self, count: int, nbytes: int) -> None:
+        with self._take_lock:
+            self._out_msgs += count
+            self._out_bytes += nbytes
+        driver = self._driver
+        if driver.reading_paused:
+            # wake the reader once half the bound is free: it then reads in large pieces again
+            m, b = self.max_buffered_messages, self.max_buffered_bytes
+            if (m is None or self._in_msgs - self._out_msgs <= m // 2) and \
+                    (b is None or self._in_bytes - self._out_bytes <= b // 2):
+                driver.resume_reading()
+
+    def _wait_reply(self, timeout: float) -> None:
+        """``_cv.wait`` for a reply from the broker (caller holds the lock): the reader reads on
+        past the bound meanwhile, since the reply may be queued behind unread deliveries."""
+        self._awaiting += 1
+        try:
+            if self._driver.reading_paused:
+                self._driver.resume_reading()
+            self._cv.wait(timeout)
+        finally:
+            self._awaiting -= 1
+
     # -- reader-thread callbacks ------------------------------------------------------------------
 
     def _flush(self) -> None:
@@ -241,6 +321,7 @@ class Connection:
 
     def _dispatch(self, events) -> None:
         channels = self._channels
+        held = nbytes = 0  # deliveries queued for the application by this read
         for ev in events:
             kind = type(ev)
             if kind is ContentReceived:
@@ -252,10 +333,13 @@ class Connection:
                         callback = callbacks.get(method.consumer_tag) if callbacks else None
                         if callback is None:
                             ch._deliveries.append(_new_message(Message, (ev, ch)))
+                            held += 1
+                            nbytes += len(ev[3])
                         else:
                             callback(_new_message(Message, (ev, ch)))
-                    else:
-                        ch._on_content(ev)
+                    elif ch._on_content(ev):
+                        held += 1
+                        nbytes += len(ev[3])
             elif kind is MethodReceived:
                 ch = channels.get(ev.channel)
                 if ch is not None:
@@ -286,9 +370,16 @@ class Connection:
                     self._error = ev.error
                 self._closed = True
                 self._driver.close()
+        if held:
+            self._in_msgs += held
+            self._in_bytes += nbytes
 
     def _on_tick(self, now: float) -> None:
         with self._lock:
+            if self._driver.reading_paused:
+                # we are not reading, by choice: the broker's frames wait in the socket unread, so
+                # its silence says nothing about it (our heartbeats still go out, below)
+                self._proto.note_received(now)
             self._proto.tick(now)  # raises HeartbeatTimeout: the driver then ends the connection
             self._flush()
 
@@ -337,7 +428,7 @@ class Connection:
         left = deadline - _monotonic()
         if left <= 0:
             raise TimeoutError(f"no {what} from the broker within the timeout")
-        self._cv.wait(left)
+        self._wait_reply(left)
         self._check()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -349,7 +440,7 @@ class Connection:
                     self._flush()
                     deadline = _monotonic() + timeout
                     while not self._closed and self._error is None and _monotonic() < deadline:
-                        self._cv.wait(deadline - _monotonic())
+                        self._wait_reply(deadline - _monotonic())
                 except ConnectionClosedError:
                     pass
             self._closed = True
@@ -388,16 +479,16 @@ class Channel:
     def is_open(self) -> bool:
         return self._error is None and self.connection._error is None and not self.connection._closed
 
-    # called by the connection with its lock held
-    def _on_content(self, ev: ContentReceived) -> None:
+    # called by the connection with its lock held; True when it queued a delivery to be taken
+    def _on_content(self, ev: ContentReceived) -> bool:
         method = ev[1]
         kind = type(method)
         if kind is spec.BasicDeliver:
             callback = self._callbacks.get(method.consumer_tag) if self._callbacks else None
             if callback is None:
                 self._deliveries.append(Message(ev, self))
-            else:
-                callback(Message(ev, self))
+                return True
+            callback(Message(ev, self))
         elif kind is spec.BasicReturn:
             msg = Message(ev, self)
             if self.on_return is not None:
@@ -406,6 +497,7 @@ class Channel:
                 self._returns.append(msg)
         else:  # get-ok and other content replies
             self._replies.append(Message(ev, self))
+        return False
 
     def _closed_by(self, error: Optional[BaseException]) -> None:
         if error is None and self._error is not None:
@@ -639,12 +731,23 @@ class Channel:
         else:
             self.call(spec.BasicRecover(requeue=requeue), timeout)
 
+    @property
+    def pending_messages(self) -> int:
+        """Deliveries received on this channel and not yet taken."""
+        return len(self._deliveries)
+
     def next_message(self, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Optional[Message]:
         """The next delivery from any consumer on this channel, or None after ``timeout`` seconds."""
         deliveries = self._deliveries
-        if deliveries:
-            return deliveries.popleft()
         conn = self.connection
+        if deliveries:
+            try:
+                msg = deliveries.popleft()
+            except IndexError:  # another thread took it
+                pass
+            else:
+                conn._took(1, len(msg[0][3]))
+                return msg
         with conn._cv:
             deadline = _monotonic() + (timeout or 0)
             while not deliveries:
@@ -653,15 +756,25 @@ class Channel:
                 if left <= 0:
                     return None
                 conn._cv.wait(left)
-            return deliveries.popleft()
+            msg = deliveries.popleft()
+        conn._took(1, len(msg[0][3]))
+        return msg
 
     def drain(self, max_messages: int = 1 << 30) -> list[Message]:
         """Every delivery already received (up to ``max_messages``), without waiting."""
         out = []
         deliveries = self._deliveries
         pop = deliveries.popleft
-        while deliveries and len(out) < max_messages:
-            out.append(pop())
+        nbytes = 0
+        try:
+            while deliveries and len(out) < max_messages:
+                msg = pop()
+                out.append(msg)
+                nbytes += len(msg[0][3])
+        except IndexError:  # another thread took the last
+            pass
+        if out:
+            self.connection._took(len(out), nbytes)
         return out
 
     def consume(self, timeout: Optional[float] = None) -> Iterator[Message]:
@@ -684,7 +797,7 @@ class Channel:
                 left = deadline - _monotonic()
                 if left <= 0:
                     return None
-                conn._cv.wait(left)
+                conn._wait_reply(left)  # a return may be queued behind unread deliveries
             return self._returns.popleft()
 
     # -- tx, flow, close ----------------------------------------------------------------------

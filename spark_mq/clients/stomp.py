@@ -17,6 +17,12 @@ for it, so every frame sent before was processed; messages already received stay
 ``receive`` after the disconnect.  An ERROR frame is raised as ``StompError`` to the call waiting
 for the receipt it names, or (no receipt-id) to every waiter and the next call.
 
+Bounded: MESSAGE frames queued for ``receive`` are held up to ``max_buffered_messages`` and
+``max_buffered_bytes`` (of bodies); past that the reader leaves the socket unread, so TCP fills and
+the broker stops sending (the only bound on an ack:auto subscription, which has no prefetch), until
+the application takes some.  While a call waits for its RECEIPT (which may be queued behind those
+messages) the reader reads on past the bound.
+
 It must not parse frames itself or know socket details beyond ``spark_mq.transport.stream``.
 """
 
@@ -52,6 +58,10 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_LINGER = 0.002
 #: Buffered SEND bytes that trigger a write at once.
 WRITE_BATCH_BYTES = 256 * 1024
+#: MESSAGE frames the client holds for ``receive`` (not yet taken) before it stops reading.
+DEFAULT_MAX_BUFFERED_MESSAGES = 10_000
+#: Body bytes of those frames before it stops reading.
+DEFAULT_MAX_BUFFERED_BYTES = 16 << 20
 
 #: What ``disconnect`` does with transactions still open.
 ON_OPEN_TRANSACTION = ("abort", "commit", "error")
@@ -85,7 +95,16 @@ class StompClient:
         virtual_host: Optional[str] = None,
         on_open_transaction: str = "abort",
         linger: float = DEFAULT_LINGER,
+        max_buffered_messages: Optional[int] = DEFAULT_MAX_BUFFERED_MESSAGES,
+        max_buffered_bytes: Optional[int] = DEFAULT_MAX_BUFFERED_BYTES,
     ) -> None:
+        """``max_buffered_messages``/``max_buffered_bytes``: what the client holds of MESSAGE frames
+        not yet taken before its reader stops reading the socket (None: no bound); the reader may
+        pass them by one socket read (256 KiB), or by what arrives while a call waits for a receipt."""
+        for name, bound in (("max_buffered_messages", max_buffered_messages),
+                            ("max_buffered_bytes", max_buffered_bytes)):
+            if bound is not None and bound < 1:
+                raise OptionError(f"{name} must be at least 1 (or None for no bound), not {bound!r}")
         if on_open_transaction not in ON_OPEN_TRANSACTION:
             raise OptionError(f"on_open_transaction must be one of {ON_OPEN_TRANSACTION}, not {on_open_transaction!r}")
         self.host = host
@@ -112,6 +131,13 @@ class StompClient:
         self._closed: Optional[BaseException] = None  # why the stream ended
         self._receivers_waiting = 0
         self._callbacks: dict = {}  # subscription id -> on_message callback
+        # Messages held for receive: counted in by the reader, out (under _take_lock) by takers.
+        self.max_buffered_messages = max_buffered_messages
+        self.max_buffered_bytes = max_buffered_bytes
+        self._in_msgs = self._in_bytes = 0
+        self._out_msgs = self._out_bytes = 0
+        self._take_lock = threading.Lock()
+        self._awaiting = 0  # calls waiting for a receipt (under _lock): read past the bound meanwhile
         # Write coalescing: plain sends go to _wbuf (under _write_lock); any other frame, a full
         # buffer, or the flusher thread after ``linger`` seconds writes the buffer out, in order.
         self._linger = linger
@@ -141,7 +167,9 @@ class StompClient:
     # -- connection --------------------------------------------------------------------------
     def connect(self) -> "StompClient":
         sock = open_socket(self.host, self.port, timeout=self.timeout, tls=self._tls)
-        self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}")
+        bounded = self.max_buffered_messages is not None or self.max_buffered_bytes is not None
+        self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}",
+                                    may_read=self._may_read if bounded else None)
         with self._lock:
             data = self._session.connect(self._login, self._passcode, self._connect_headers)
         # CONNECT goes out before the reader thread starts, so a TLS socket is not read and
@@ -401,9 +429,12 @@ class StompClient:
         connection loss that ended the stream once every message before it is taken."""
         inbox = self._inbox
         try:
-            return inbox.popleft()
+            frame = inbox.popleft()
         except IndexError:
             pass
+        else:
+            self._took(1, len(frame.body))
+            return frame
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._inbox_cond:
             # Count ourselves as waiting *before* looking, so the reader's unlocked check of
@@ -416,9 +447,11 @@ class StompClient:
                     if remaining is not None and remaining <= 0:
                         return None
                     self._inbox_cond.wait(remaining)
-                return inbox.popleft()
+                frame = inbox.popleft()
             finally:
                 self._receivers_waiting -= 1
+        self._took(1, len(frame.body))
+        return frame
 
     def receive_many(self, max_count: int, timeout: Optional[float] = None) -> List[Frame]:
         """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then takes
@@ -429,11 +462,16 @@ class StompClient:
         out = [first]
         inbox = self._inbox
         popleft = inbox.popleft
+        nbytes = 0
         try:
             while len(out) < max_count:
-                out.append(popleft())
+                frame = popleft()
+                out.append(frame)
+                nbytes += len(frame.body)
         except IndexError:
             pass
+        if len(out) > 1:
+            self._took(len(out) - 1, nbytes)
         return out
 
     @property
@@ -444,7 +482,37 @@ class StompClient:
 
     @property
     def pending_messages(self) -> int:
+        """MESSAGE frames received and not yet taken by ``receive``."""
         return len(self._inbox)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Body bytes of those frames."""
+        return max(0, self._in_bytes - self._out_bytes)
+
+    # -- flow control towards the application ----------------------------------------------------
+    def _may_read(self) -> bool:
+        """Asked by the reader before each read: room for more messages, or a receipt awaited (it
+        may be queued behind messages nobody takes yet), or the connection is ending."""
+        if self._awaiting or self._closed is not None:
+            return True
+        bound = self.max_buffered_messages
+        if bound is not None and self._in_msgs - self._out_msgs >= bound:
+            return False
+        bound = self.max_buffered_bytes
+        return bound is None or self._in_bytes - self._out_bytes < bound
+
+    def _took(self, count: int, nbytes: int) -> None:
+        with self._take_lock:
+            self._out_msgs += count
+            self._out_bytes += nbytes
+        driver = self._driver
+        if driver is not None and driver.reading_paused:
+            # wake the reader once half the bound is free: it then reads in large pieces again
+            m, b = self.max_buffered_messages, self.max_buffered_bytes
+            if (m is None or self._in_msgs - self._out_msgs <= m // 2) and \
+                    (b is None or self._in_bytes - self._out_bytes <= b // 2):
+                driver.resume_reading()
 
     # -- machinery ---------------------------------------------------------------------------
     def _raise_pending(self) -> None:
@@ -465,15 +533,31 @@ class StompClient:
                 data = op(self._session, rid)
                 if rid is not None:
                     waiter = self._waiters[rid] = _Waiter()
-            self._write_locked(data)
+                    self._awaiting += 1
+            try:
+                self._write_locked(data)
+            except BaseException:
+                if waiter is not None:
+                    self._done_awaiting()
+                raise
         if waiter is not None:
-            timeout = self.timeout if timeout is None else timeout
-            if not waiter.event.wait(timeout):
-                self._waiters.pop(rid, None)
-                self._raise_pending()
-                raise ConnectionClosedError(f"no RECEIPT {rid!r} within {timeout}s")
+            try:
+                # the RECEIPT (or ERROR) may be queued behind messages past the bound: read on
+                if self._driver.reading_paused:
+                    self._driver.resume_reading()
+                timeout = self.timeout if timeout is None else timeout
+                if not waiter.event.wait(timeout):
+                    self._waiters.pop(rid, None)
+                    self._raise_pending()
+                    raise ConnectionClosedError(f"no RECEIPT {rid!r} within {timeout}s")
+            finally:
+                self._done_awaiting()
             if waiter.error is not None:
                 raise waiter.error
+
+    def _done_awaiting(self) -> None:
+        with self._lock:
+            self._awaiting -= 1
 
     def _on_data(self, data: bytes) -> None:
         error = None
@@ -510,6 +594,8 @@ class StompClient:
             else:  # CONNECTED
                 self._connected.event.set()
         if messages:
+            self._in_bytes += sum(len(m.body) for m in messages)
+            self._in_msgs += len(messages)
             self._inbox.extend(messages)
             if self._receivers_waiting:
                 with self._inbox_cond:

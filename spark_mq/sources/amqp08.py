@@ -3,9 +3,11 @@
 Responsible for: the AMQP-specific parts only: declaring (none/passive/create, with queue
 arguments and an optional exchange binding), consuming with ``prefetch`` (no-ack in ``auto``
 mode), turning a delivery into a row (envelope and every basic property), cumulative acks
-(``basic.ack multiple``; in ``commit`` mode inside ``tx.select``/``tx.commit``), pausing ``auto``
-consumption by cancelling the consumer, dead-lettering a poison message (``basic.reject`` without
-requeue), and the queue depth (passive declare on a second channel).
+(``basic.ack multiple``; in ``commit`` mode inside ``tx.select``/``tx.commit``), dead-lettering a
+poison message (``basic.reject`` without requeue), and the queue depth (passive declare on a second
+channel). While the ingest pauses, the client's own bound (``clientBufferMessages``/``clientBufferBytes``)
+holds the broker back in every mode: it stops reading its socket, so a no-ack consumer, which no
+prefetch bounds, needs no cancel.
 
     spark.readStream.format("amqp08").option("uri", "amqp://guest:guest@host:5672/%2F")
         .option("queue", "orders").option("logLocation", "/shared/ckpt/orders-log").load()
@@ -78,8 +80,8 @@ class Amqp08Consumer:
         except BaseException:
             self.conn.close()
             raise
-        self._paused = False
         self._lost: Optional[BaseException] = None
+        self._depth: Optional[int] = None  # the last queue depth asked for the figures
 
     def _declare(self, ch) -> None:
         mode = self.opts.declare
@@ -149,22 +151,34 @@ class Amqp08Consumer:
         self.ch.tx_commit()
 
     def pause(self) -> None:
-        # with acks, prefetch bounds what the broker sends; without (auto), cancel the consumer
-        if self.auto and not self._paused:
-            self.ch.basic_cancel(self.tag)
-            self._paused = True
+        # Nothing to send: the client stops reading at its bound and TCP holds the broker back, in
+        # every mode. (auto mode cancelled its consumer here until 2026-11-28: cancel-ok queues behind
+        # whatever the broker has already written, so the cancel pulled all of that into memory.)
+        return None
 
     def resume(self) -> None:
-        if self._paused:
-            self.tag = self.ch.basic_consume(self.queue, no_ack=True)
-            self._paused = False
+        return None
 
     def keepalive(self) -> None:
         return None  # the client's reader thread keeps the heartbeat
 
     def depth(self):
+        if self.auto and self._holding_back():
+            # declare-ok queues behind whatever the broker has already written to the socket, and
+            # without a prefetch that is as much as TCP takes: asking would pull it all into memory
+            # past the client's bound, once per figure. The last figure stands until there is room.
+            return self._depth
         ok = self.control.queue_declare(self.queue, passive=True)
-        return ok.message_count if ok is not None else None
+        self._depth = ok.message_count if ok is not None else None
+        return self._depth
+
+    def _holding_back(self) -> bool:
+        conn = self.conn
+        if conn.reading_paused:
+            return True
+        m, b = conn.max_buffered_messages, conn.max_buffered_bytes
+        return (m is not None and 2 * conn.buffered_messages >= m) or \
+            (b is not None and 2 * conn.buffered_bytes >= b)
 
     def depth_in_order(self):
         # on the consuming channel: deliveries sent before declare-ok are already in the client
@@ -173,7 +187,7 @@ class Amqp08Consumer:
 
     def buffered(self) -> int:
         # deliveries the client holds but we have not polled (prefetched; not counted in the depth)
-        return len(getattr(self.ch, "_deliveries", ()))
+        return self.ch.pending_messages
 
     def close(self) -> None:
         self.conn.close(timeout=2.0)

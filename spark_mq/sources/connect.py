@@ -179,10 +179,21 @@ def _whole_seconds(heartbeat: float) -> int:
     return math.ceil(heartbeat) if heartbeat > 0 else 0
 
 
+def _buffer_bounds(opts: Options, kwargs: dict) -> dict:
+    """The client's bound on deliveries not yet taken, from a source's options (a sink's client
+    keeps the client's defaults: it takes no deliveries)."""
+    if opts.get("clientBufferMessages") is not None:
+        kwargs.setdefault("max_buffered_messages", opts.clientBufferMessages)
+    if opts.get("clientBufferBytes") is not None:
+        kwargs.setdefault("max_buffered_bytes", opts.clientBufferBytes)
+    return kwargs
+
+
 def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
     """An open ``spark_mq.clients.amqp08.Connection`` to the first endpoint that answers."""
     from spark_mq.clients.amqp08 import Connection
 
+    kwargs = _buffer_bounds(opts, kwargs)
     tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
         try:
@@ -204,6 +215,7 @@ def connect_stomp(opts: Options, *, start: int = 0, **kwargs):
     from spark_mq.clients.stomp import StompClient
     from spark_mq.protocol.stomp10 import StompError
 
+    kwargs = _buffer_bounds(opts, kwargs)
     tried, errors, refused = [], [], []
     for ep in _rotate(endpoints(opts), start):
         client = StompClient(ep.host, ep.port, login=ep.username, passcode=ep.password, virtual_host=ep.virtual_host,

@@ -27,12 +27,15 @@ when the connection fails, and the loop replaces it. Its interface::
     ack(msgs)                                durable: acknowledge these (after the fsync)
     ack_commit(token)                        commit: cumulative ack of ``token`` inside a transaction
     token(msg)                               what ack_commit needs for ``msg``
-    pause() / resume()                       stop / restart deliveries (only where prefetch cannot bound)
+    pause() / resume()                       stop / restart deliveries where the client's own bound
+                                             does not (every consumer here: each client stops reading
+                                             its socket at its bound, so these do nothing)
     keepalive()                              called every ``_PAUSE_CHECK`` while paused: a client
                                              driven by the ingest's own calls keeps its heartbeat
     depth() -> int | None                    messages ready in the broker (None: cannot tell)
     depth_in_order() -> int | None           the same, answered after every delivery sent before it
     buffered() -> int                        messages received by the client, not yet polled
+                                             (figure ``clientBuffered``)
     close()
 """
 
@@ -1146,6 +1149,16 @@ class Ingest:
 
     # -- figures ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _client_buffered(consumer) -> int:
+        """Deliveries the client holds, received and not yet taken (bounded by clientBufferMessages)."""
+        if consumer is None:
+            return 0
+        try:
+            return consumer.buffered()
+        except Exception:  # noqa: BLE001 - a figure; a broken consumer reports itself elsewhere
+            return 0
+
     def figures(self) -> dict:
         head = self.log.head
         messages, nbytes = self.log.stats(self.committed)
@@ -1170,6 +1183,7 @@ class Ingest:
             "logWaits": self.log_waits,
             "logWaitSeconds": round(self.log_wait_seconds, 3),
             "paused": self.paused,
+            "clientBuffered": self._client_buffered(consumer),
             "connected": self.connected,
             "availableNowTarget": self.target,
         }

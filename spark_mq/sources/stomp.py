@@ -3,8 +3,10 @@
 Responsible for: the STOMP-specific parts only: SUBSCRIBE with ``ack:client`` (``ack:auto`` in
 ``auto`` mode) and the broker's prefetch header, a MESSAGE frame as a row (every header in the
 ``headers`` map), cumulative ACKs (per message on a broker not known to ack cumulatively), in
-``commit`` mode inside BEGIN/ACK/COMMIT, pausing ``auto`` consumption by unsubscribing, a frame above
-``maxFrameBytes`` as a poison delivery, and dead-lettering (SEND to ``deadLetterDestination``, then ACK).
+``commit`` mode inside BEGIN/ACK/COMMIT, a frame above ``maxFrameBytes`` as a poison delivery, and
+dead-lettering (SEND to ``deadLetterDestination``, then ACK). While the ingest pauses, the client's own
+bound (``clientBufferMessages``/``clientBufferBytes``) holds the broker back in every mode: it stops
+reading its socket, so an ack:auto subscription, which no prefetch bounds, needs no UNSUBSCRIBE.
 
     spark.readStream.format("stomp").option("uri", "stomp://guest:guest@host:61613")
         .option("destination", "/queue/orders").option("logLocation", "/shared/orders-log").load()
@@ -81,7 +83,6 @@ class StompConsumer:
                 # not after brokerTimeout
                 raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self.destination!r}: {exc}") from exc
             raise
-        self._paused = False
         self._lost: Optional[BaseException] = None
 
     def _subscribe(self) -> None:
@@ -156,14 +157,13 @@ class StompConsumer:
         self.client.commit(tx)
 
     def pause(self) -> None:
-        if self.auto and not self._paused:
-            self.client.unsubscribe(self.sub)
-            self._paused = True
+        # Nothing to send: the client stops reading at its bound and TCP holds the broker back, in
+        # every mode. (auto mode unsubscribed here until 2026-11-28: the RECEIPT queues behind whatever
+        # the broker has already written, so the UNSUBSCRIBE pulled all of that into memory.)
+        return None
 
     def resume(self) -> None:
-        if self._paused:
-            self._subscribe()
-            self._paused = False
+        return None
 
     def keepalive(self) -> None:
         return None  # the client's reader thread keeps the heartbeat

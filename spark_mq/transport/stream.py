@@ -7,6 +7,12 @@ protocol can send heartbeats while the application is busy or idle), and ``on_cl
 runs exactly once when the stream ends, with ``None`` for a clean local close. If ``on_data``
 or ``on_tick`` raises, the socket is closed and ``on_closed`` gets that exception.
 
+Flow control towards the application: with ``may_read``, the reader asks it before every read;
+while it says no (the protocol holds as much as it may of what the application has not taken),
+the reader leaves the socket unread, so TCP fills and the peer stops sending, and only ticks.
+``resume_reading`` wakes it at once (the protocol calls it when the application takes messages
+or starts waiting for a reply); it also looks again every tick.
+
 TLS: an OpenSSL connection must not be read and written by two threads at once, so with TLS
 the socket is non-blocking and every SSL read or write happens under one lock, the reader
 waiting for readability with ``select`` outside it. Plain TCP sockets need no such lock.
@@ -92,6 +98,7 @@ class StreamDriver:
         on_tick: Optional[Callable[[float], None]] = None,
         tick_interval: float = 1.0,
         name: str = "spark-mq-reader",
+        may_read: Optional[Callable[[], bool]] = None,
     ) -> None:
         self._sock = sock
         self._tls = isinstance(sock, ssl.SSLSocket)
@@ -104,6 +111,11 @@ class StreamDriver:
         self._closing = False
         self._closed_once = threading.Lock()
         self._closed = False
+        self._may_read = may_read
+        self._wake = threading.Event()
+        #: the reader leaves the socket unread because ``may_read`` said no (read by the protocol:
+        #: whoever frees room wakes it, and missed heartbeats are not the peer's while it is set)
+        self.reading_paused = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.last_send = time.monotonic()
         self.last_recv = time.monotonic()
@@ -160,6 +172,10 @@ class StreamDriver:
                 raise ConnectionClosedError("connection closed while sending")
             select.select([], [sock], [], self._tick_interval)
 
+    def resume_reading(self) -> None:
+        """Wake a reader that waits for ``may_read`` (harmless when it does not)."""
+        self._wake.set()
+
     def sendmany(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
         self.send(b"".join(chunks))
 
@@ -168,6 +184,7 @@ class StreamDriver:
         self._closing = True
         self._close_socket()
         self._finish(None)
+        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
@@ -176,6 +193,7 @@ class StreamDriver:
         self._closing = True
         self._close_socket()
         self._finish(exc)
+        self._wake.set()
 
     def _close_socket(self) -> None:
         try:
@@ -210,21 +228,37 @@ class StreamDriver:
 
     def _run(self) -> None:
         recv = self._recv_tls if self._tls else self._recv_plain
+        may_read = self._may_read
+        on_tick = self._on_tick
+        wake = self._wake
         next_tick = time.monotonic() + self._tick_interval
         try:
             while not self._closed:
-                data = recv()
+                if may_read is not None and not may_read():
+                    # Announce the pause before looking again, so whoever frees room after our
+                    # look sees the flag and wakes us (a missed wake costs one tick at most).
+                    self.reading_paused = True
+                    wake.clear()
+                    if not may_read():
+                        wake.wait(self._tick_interval)
+                        data = None
+                    else:
+                        self.reading_paused = False
+                        data = recv()
+                else:
+                    self.reading_paused = False
+                    data = recv()
                 if data is not None:
                     if not data:
                         self._closing_done(None if self._closing else ConnectionClosedError("connection closed by peer"))
                         return
                     self.last_recv = time.monotonic()
                     self._on_data(data)
-                if self._on_tick is not None:
+                if on_tick is not None:
                     now = time.monotonic()
                     if now >= next_tick:
                         next_tick = now + self._tick_interval
-                        self._on_tick(now)
+                        on_tick(now)
         except OSError as exc:
             self._closing_done(None if self._closing else ConnectionClosedError(f"connection lost: {exc}"))
         except BaseException as exc:  # a protocol error raised by on_data/on_tick ends the connection

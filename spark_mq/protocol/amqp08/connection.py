@@ -596,6 +596,10 @@ class Connection:
                 del self._channels[ch.number]
                 ch.state = ChanState.CLOSED
                 events.append(ChannelClosed(ch.number, None))
+            elif method.HAS_CONTENT:
+                # a delivery the broker sent before it read our close: its header and body follow,
+                # and a no-ack one exists nowhere else any more, so it is decoded and handed up
+                ch.content_method = method
             return  # the spec says to discard everything else while closing
         if isinstance(method, spec.ChannelFlow):
             ch.flow_active = method.active
@@ -774,6 +778,11 @@ class Connection:
 
     def note_sent(self, now: float) -> None:
         self._last_send = now
+
+    def note_received(self, now: float) -> None:
+        """Count the broker as heard from at ``now``: the client chose not to read (its frames wait
+        unread in the socket), so its silence is ours, not the broker's."""
+        self._last_recv = now
 
     def tick(self, now: float) -> None:
         """Queue a heartbeat when we have been silent for an interval; raise ``HeartbeatTimeout``

@@ -410,3 +410,21 @@ def test_field_table_timestamps_past_year_9999_decode_as_raw_seconds():
     ok = b"\x01tT" + struct.pack(">Q", 1_795_873_185)
     assert decode_table(struct.pack(">I", len(ok)) + ok, 0)[0]["t"] == \
         dt.datetime(2026, 11, 28, 13, 39, 45, tzinfo=dt.timezone.utc)
+
+
+def test_deliveries_in_flight_while_a_channel_closes_are_kept():
+    """The broker sends deliveries until it reads our channel.close: each is a method frame, a
+    header and a body. A no-ack delivery is already forgotten by the broker, so it is decoded and
+    handed up (not discarded, and no 'header without a content method' error); other methods are
+    discarded as the spec says, and close-ok closes the channel."""
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    conn.close_channel(n)
+    sent_methods(conn)
+    deliver = spec.BasicDeliver(consumer_tag="c", delivery_tag=7, exchange="", routing_key="q")
+    events = conn.receive_data(server_content(n, deliver, spec.BasicProperties(), b"in flight")
+                               + server_frame(n, spec.BasicQosOk())
+                               + server_frame(n, spec.ChannelCloseOk()))
+    content, closed = events
+    assert isinstance(content, ContentReceived) and content[3] == b"in flight" and content[1].delivery_tag == 7
+    assert isinstance(closed, ChannelClosed) and closed.error is None
