@@ -164,5 +164,10 @@ def main(argv: list[str]) -> dict:
         spark.stop()
         mlm.stop()
         rabbit.stop()
+    figures["readme_rows"] = [
+        (f"bridge {pair}", f"{n:,} x {BODY} B, availableNow, median of {rounds}",
+         f"{row['bridge_msgs_per_s']:,.0f} msg/s", f"x{row['ratio']:.2f} of the slower end "
+         f"(source {row['source_msgs_per_s']:,.0f}, sink {row['sink_msgs_per_s']:,.0f} msg/s)", f">= {TARGET}")
+        for pair, row in figures["pairs"].items()]
     write_results("bridges", figures, partial=(n != N or rounds != ROUNDS))
     return figures
