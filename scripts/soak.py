@@ -148,7 +148,8 @@ class Producer(threading.Thread):
         self.case, self.broker, self.dest, self.n, self.rate = case, broker, dest, n, rate
         self.confirmed = 0            # sequence numbers below this are confirmed
         self.ambiguous: set[int] = set()
-        self.resends = 0
+        self.resends = 0              # attempts after a failed one (while a broker restarts: many)
+        self.resent_groups = 0
         self.error: BaseException | None = None
         self.first_group = threading.Event()
         self._halt = threading.Event()
@@ -185,6 +186,8 @@ class Producer(threading.Thread):
         while True:
             if tried:
                 # the previous attempt may have reached the broker: it may hold these twice
+                if group.start not in self.ambiguous:
+                    self.resent_groups += 1
                 self.ambiguous.update(group)
                 self.resends += 1
             tried = True
@@ -506,7 +509,9 @@ def run_case(case: Case, broker, workdir: Path, args, rng: random.Random) -> Res
             counts[s] = counts.get(s, 0) + 1
         res.dup_resent = sum(c - 1 for s, c in counts.items() if c > 1 and s in producer.ambiguous)
     res.seconds = time.monotonic() - t0
-    res.notes.append(f"producer resent {producer.resends} group(s)" if producer.resends else "")
+    if producer.resends:
+        res.notes.append(f"producer sent {producer.resent_groups} group(s) again ({producer.resends} attempts "
+                         f"while the broker was away), {len(producer.ambiguous)} messages")
     res.verdict = verdict(case, res)
     return res
 
@@ -558,7 +563,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=1000.0, help="producer messages per second (default 1000)")
     p.add_argument("--batch", type=int, default=1000, help="maxMessagesPerTrigger of the query (default 1000)")
     p.add_argument("--kill-window", type=float, default=5.0,
-                   help="a kill lands up to this many seconds after the run's first new commit (default 5)")
+                   help="a kill lands up to this many seconds after the sink reached the round's point (default 5)")
     p.add_argument("--idle", type=float, default=90.0,
                    help="the final run ends after this many seconds without a new message (default 90)")
     p.add_argument("--workdir", default=None, help="keep the cases' logs, checkpoints and sinks here")
