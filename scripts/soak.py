@@ -385,14 +385,27 @@ def run_case(case: Case, broker, workdir: Path, args, rng: random.Random) -> Res
         res.query_restarts += 1
         return Query(config, child_log)
 
+    def drained(quiet: list) -> bool:
+        """All sent, and the sink holds all of it or has not changed for 20 s: no new batch will come
+        (an at-most-once case may have lost the rest). ``quiet``: [last count, since], updated."""
+        if producer.is_alive():
+            return False
+        n = distinct_read()
+        if n >= producer.confirmed:
+            return True
+        if n != quiet[0]:
+            quiet[:] = [n, time.monotonic()]
+        return time.monotonic() - quiet[1] > 20
+
     def wait_commit(q: Query, after: int, what: str) -> None:
         """Until the query commits a batch past ``after``, or has nothing left to read."""
         deadline = time.monotonic() + START_WAIT
+        quiet = [-1, time.monotonic()]
         while committed(ckpt) <= after:
             if not q.alive():
                 raise RuntimeError(f"the query exited ({q.proc.returncode}) {what}; see {workdir}/query.log")
-            if not producer.is_alive() and distinct_read() >= producer.confirmed:
-                return  # everything is read: no new batch will come
+            if drained(quiet):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no batch committed within {START_WAIT:.0f}s {what}")
             time.sleep(0.2)
@@ -400,12 +413,10 @@ def run_case(case: Case, broker, workdir: Path, args, rng: random.Random) -> Res
     def wait_read(q: Query, target: int) -> None:
         """Until the sink holds ``target`` distinct messages (bounded: the query may be slow)."""
         deadline = time.monotonic() + START_WAIT + target / args.rate
-        last, since = -1, time.monotonic()
-        while (n := distinct_read()) < target:
-            if n != last:
-                last, since = n, time.monotonic()
-            elif not producer.is_alive() and time.monotonic() - since > 20:
-                return  # all sent and nothing new for a while: the rest was lost (auto mode) or is late
+        quiet = [-1, time.monotonic()]
+        while distinct_read() < target:
+            if drained(quiet):
+                return
             if not q.alive():
                 raise RuntimeError(f"the query exited ({q.proc.returncode}); see {workdir}/query.log")
             if time.monotonic() > deadline:
