@@ -385,15 +385,20 @@ def run_case(case: Case, broker, workdir: Path, args, rng: random.Random) -> Res
         res.query_restarts += 1
         return Query(config, child_log)
 
+    def started() -> bool:
+        """The current run of the query has started its stream (a Spark start takes 30-110 s here)."""
+        return (workdir / "query.log").read_bytes().count(b"STARTED\n") >= res.query_restarts
+
     def drained(quiet: list) -> bool:
-        """All sent, and the sink holds all of it or has not changed for 20 s: no new batch will come
-        (an at-most-once case may have lost the rest). ``quiet``: [last count, since], updated."""
+        """All sent, and the sink holds all of it, or has not changed for 20 s while the query ran:
+        no new batch will come (an at-most-once case may have lost the rest). ``quiet``: [last count,
+        since], updated; the quiet time counts only once the query's stream has started."""
         if producer.is_alive():
             return False
         n = distinct_read()
         if n >= producer.confirmed:
             return True
-        if n != quiet[0]:
+        if n != quiet[0] or not started():
             quiet[:] = [n, time.monotonic()]
         return time.monotonic() - quiet[1] > 20
 
@@ -480,7 +485,7 @@ def run_case(case: Case, broker, workdir: Path, args, rng: random.Random) -> Res
         last, last_change = -1, time.monotonic()
         while True:
             n = distinct_read()
-            if n != last:
+            if n != last or not started():  # idle time counts once the stream has started
                 last, last_change = n, time.monotonic()
             if n >= producer.confirmed:
                 time.sleep(3.0)  # a few more triggers: a duplicate batch would land now
