@@ -20,6 +20,18 @@ are per process, as in ``bench sources``: here the ingest runs in the benchmark'
 
     python -m bench ingest                               # ~10 minutes: COUNTS, variants "" and fsync=false
     python -m bench ingest --only=amqp08 --rounds=1 --variant=prefetch=4000
+    python -m bench ingest --memory                      # only the memory run with recurring bodies (~2 min)
+
+The memory run (also at the end of a full run; issue 43, item 11): the ingest drains 100,000 AMQP
+messages without message ids (so the identities are content hashes) with ``dedupWindow=2000``,
+Spark's commits 1,000 messages behind the log's head until the end (a batch in flight), once
+with every body unique and once with ``{}`` as every hundredth body, and reports the dedup
+identities held (highest count seen and at the end), the growth of the process's resident set over
+the run (peak VmRSS sampled every 10 ms, minus VmRSS before the ingest started) and tracemalloc's
+peak, each in a fresh process of its own (tracemalloc in a separate run: it slows the ingest down and
+adds its own memory to the resident set), and the recurring run's figures against the unique run's.
+A third run reproduces the ``_Dedup.add`` before the fix (a recurring identity kept its first
+position, so trimming stopped there) to show what the figures look like when identities leak.
 
 Rounds: every pair ``--rounds`` times (3), each format and size once per round; the median round
 by ratio is reported with every round's ratio.
@@ -126,7 +138,146 @@ def ingest_run(fmt: str, options: dict, n: int) -> dict:
     return {"messages": got, "seconds": seconds, "cpu": cpu.seconds, "stages": stages.split()}
 
 
+# -- memory with recurring bodies -----------------------------------------------------------------
+
+MEMORY_COUNT = 100_000
+MEMORY_WINDOW = 2_000
+MEMORY_LAG = 1_000  # messages between the log's durable head and Spark's last commit
+#: body kinds of the memory run; "recurring, before the fix" runs the pre-fix ``_Dedup.add``
+MEMORY_KINDS = ("unique", "recurring", "recurring, before the fix")
+
+
+def _memory_body(kind: str, i: int) -> bytes:
+    return b"{}" if kind != "unique" and i % 100 == 0 else f"m{i:07d}".encode()
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _memory_child(kind: str, url: str, queue: str, n: int, trace: bool) -> dict:
+    """In a fresh process: drain ``queue`` with the ingest alone, committing as it goes; the figures."""
+    import tracemalloc
+
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources import ingest as ingest_module
+    from spark_mq.sources.amqp08 import connect_consumer
+
+    if kind == "recurring, before the fix":
+        # the add before c3c3548 (issue 43, item 11): assigning an existing key keeps its first position in the dict
+        ingest_module._Dedup.add = lambda self, key, offset: self._ids.__setitem__(key, offset)
+    logdir = tempfile.mkdtemp(prefix="bench-ingest-memory-")
+    opts = parse_options({"uri": url, "queue": queue, "logLocation": logdir, "dedupWindow": str(MEMORY_WINDOW)},
+                         format="amqp08", direction=SOURCE)
+    rss_before = _rss_kib()
+    if trace:
+        tracemalloc.start()
+    held_max = rss_peak = 0
+    ing = ingest_module.Ingest("amqp08", opts, lambda attempt: connect_consumer(opts, attempt))
+    try:
+        t0 = time.perf_counter()
+        ing.start()
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        while ing.log.durable_head < n:
+            ing.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"memory run {kind}: {ing.log.durable_head} of {n} after {DRAIN_TIMEOUT:.0f}s")
+            # Spark's commits lag the log by a batch or so: a commit that always reached the head at
+            # once (as in ingest_run) would let trimming pass a recurring identity's first position
+            # between two of its recurrences, and hide the leak the run is there to show
+            ing.commit(max(0, ing.log.durable_head - MEMORY_LAG))
+            held_max = max(held_max, len(ing._dedup))
+            rss_peak = max(rss_peak, _rss_kib())
+            ing.wait_for(lambda: ing.log.durable_head >= n, 0.01)
+        seconds = time.perf_counter() - t0
+        ing.commit(ing.log.durable_head)
+        ing.wait_for(lambda: False, 0.3)  # a few more turns of the ingest thread: it trims at each
+        held_end = len(ing._dedup)
+        rss_peak = max(rss_peak, _rss_kib())
+        traced_peak = tracemalloc.get_traced_memory()[1] if trace else None
+        got = ing.log.durable_head
+    finally:
+        ing.stop()
+        if trace:
+            tracemalloc.stop()
+        shutil.rmtree(logdir, ignore_errors=True)
+    return {"messages": got, "seconds": seconds, "identities_max": held_max, "identities_end": held_end,
+            "rss_growth_mib": (rss_peak - rss_before) / 1024, "rss_peak_mib": rss_peak / 1024,
+            "tracemalloc_peak_mib": None if traced_peak is None else traced_peak / (1 << 20)}
+
+
+def _memory_preload(url: str, queue: str, kind: str, n: int) -> None:
+    from spark_mq.clients.amqp08 import BasicProperties, Connection
+
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        props = BasicProperties(delivery_mode=2)  # no message_id: the identities are content hashes
+        ch.publish_many(("", queue, _memory_body(kind, i), props) for i in range(n))
+        deadline = time.monotonic() + 600
+        while ch.queue_declare(queue, passive=True).message_count < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def memory_run(url: str, n: int = MEMORY_COUNT) -> dict:
+    """Each kind of ``MEMORY_KINDS``, twice (resident set, then tracemalloc), each in a fresh process."""
+    import json
+    import subprocess
+    import uuid
+
+    figures: dict = {"messages": n, "dedupWindow": MEMORY_WINDOW, "commit_lag": MEMORY_LAG,
+                     "recurring": "{} as every hundredth body"}
+    for kind in MEMORY_KINDS:
+        row: dict = {}
+        for trace in (False, True):
+            queue = f"bench-ingest-memory-{uuid.uuid4().hex[:8]}"
+            _memory_preload(url, queue, kind, n)
+            settle()
+            done = subprocess.run([sys.executable, "-m", "bench.bench_ingest", "--memory-child", kind, url, queue,
+                                   str(n), "trace" if trace else "rss"],
+                                  capture_output=True, text=True, timeout=DRAIN_TIMEOUT + 120, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                raise RuntimeError(f"memory run {kind!r} failed:\n{done.stderr[-3000:]}")
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            if run["messages"] != n:
+                raise RuntimeError(f"memory run {kind!r}: {run['messages']} of {n} logged")
+            if trace:
+                row["tracemalloc_peak_mib"] = run["tracemalloc_peak_mib"]
+                row["seconds_traced"] = run["seconds"]
+            else:
+                row.update({k: v for k, v in run.items() if k != "tracemalloc_peak_mib"})
+        figures[kind] = row
+        print(f"memory, {n:,} messages, {kind}: identities held max {row['identities_max']:,} (end "
+              f"{row['identities_end']:,}), RSS growth {row['rss_growth_mib']:.1f} MiB, tracemalloc peak "
+              f"{row['tracemalloc_peak_mib']:.1f} MiB", flush=True)
+    base = figures["unique"]
+    for kind in MEMORY_KINDS[1:]:
+        figures[kind]["against_unique"] = {
+            key: round(figures[kind][key] / base[key], 3) if base[key] else None
+            for key in ("identities_max", "rss_growth_mib", "tracemalloc_peak_mib")}
+        print(f"memory, {kind} against unique: " + ", ".join(
+            f"{k} x{v}" for k, v in figures[kind]["against_unique"].items()), flush=True)
+    return figures
+
+
+def memory_main(argv: list[str]) -> dict:
+    brokers = harness()
+    rabbit = brokers.start_rabbitmq()
+    try:
+        figures = memory_run(rabbit.url("amqp"))
+    finally:
+        rabbit._shutdown()
+    write_results("ingest_memory", figures)
+    return figures
+
+
 def main(argv: list[str]) -> dict:
+    if "--memory" in argv:
+        return memory_main(argv)
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
     extra = [a.split("=", 1)[1] for a in argv if a.startswith("--variant=")]
     variants = list(VARIANTS) + [v for v in extra if v not in VARIANTS]
@@ -179,9 +330,17 @@ def main(argv: list[str]) -> dict:
         print(f"{fmt:9} {label:5} {median['n']:9,d} {median['raw_seconds']:7.2f} "
               + " ".join(f"{median['variants'][v or 'defaults']['ratio']:14.2f}" for v in variants))
     write_results("ingest", figures, partial=bool(only) or rounds != ROUNDS or bool(extra))
+    if not only or "amqp08" in only.split(","):
+        memory_main(argv)
     return figures
 
 
 if __name__ == "__main__":
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--memory-child"]:
+        import json
+
+        kind, url, queue, n, mode = sys.argv[2:7]
+        print(json.dumps(_memory_child(kind, url, queue, int(n), mode == "trace")))
+    else:
+        main(sys.argv[1:])

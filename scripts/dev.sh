@@ -189,6 +189,16 @@ case "$verb" in
     rc=0; "$VENV/bin/python" -m bench "$@" </dev/null || rc=$?
     listeners_check "the benchmarks"
     exit $rc ;;
+  soak)
+    # scripts/soak.py: every format and ackMode under repeated query and broker kills (long: see
+    # docs/guarantees.md, "Soak"; --messages --kills --broker-restarts --cases --seed for a short run).
+    # Not part of ./dev test.
+    listeners_snapshot
+    setup_java; setup_python; setup_brokers
+    listeners_check "the set-up"
+    rc=0; "$VENV/bin/python" scripts/soak.py "$@" </dev/null || rc=$?
+    listeners_check "the soak"
+    exit $rc ;;
   dist)
     # dist/: the wheel (pip install) and spark_mq-<version>-py-files.zip (spark-submit --py-files)
     setup_python
