@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from typing import Optional
+from urllib.parse import urlsplit
 
-__all__ = ["target_options", "progress_line", "run", "BridgeUsageError"]
+__all__ = ["target_options", "progress_line", "state_dir", "cause_of", "run", "BridgeUsageError"]
 
 _MALAMUTE_KINDS = ("stream", "mailbox", "service")
 
@@ -61,10 +63,19 @@ def _pairs(items: Optional[list], flag: str) -> dict:
     return out
 
 
-def _state_dir(args) -> str:
+def _where(uri: str) -> str:
+    """What of a URI names the place, not the credentials: a rotated password (or a user name) must
+    find the same state again, or messages already in the old log would be stranded there."""
+    parts = urlsplit(uri)
+    host = (parts.hostname or "").lower()
+    return f"{parts.scheme.lower()}://{host}:{parts.port or ''}{parts.path}"
+
+
+def state_dir(args) -> str:
+    """``--state``, else ``./spark-mq-bridge-<hash>`` of the two places and targets (no credentials)."""
     if args.state:
         return args.state
-    digest = hashlib.blake2b(f"{args.from_uri}|{args.source}|{args.to_uri}|{args.sink}".encode(),
+    digest = hashlib.blake2b(f"{_where(args.from_uri)}|{args.source}|{_where(args.to_uri)}|{args.sink}".encode(),
                              digest_size=6).hexdigest()
     return os.path.join(os.getcwd(), f"spark-mq-bridge-{digest}")
 
@@ -100,7 +111,7 @@ def run(protocol_of, args) -> int:
            **_pairs(args.source_option, "--source-option")}
     dst = {"uri": args.to_uri, **target_options(sink_fmt, args.sink, "sink"),
            **_pairs(args.sink_option, "--sink-option")}
-    state = _state_dir(args)
+    state = state_dir(args)
     src.setdefault("logLocation", os.path.join(state, "log"))
     os.makedirs(state, exist_ok=True)
 
@@ -120,7 +131,18 @@ def run(protocol_of, args) -> int:
         writer.trigger(processingTime=f"{args.trigger_interval} seconds")
     print(f"bridge: {source_fmt} {args.source!r} -> {sink_fmt} {args.sink!r}; state in {state}", file=sys.stderr,
           flush=True)
-    query = writer.start()
+    try:
+        query = writer.start()
+        return _watch(query, args)
+    finally:
+        spark.stop()
+
+
+def _watch(query, args) -> int:
+    """Print progress until the query ends or a signal stops it; 0 when it ended well, else 1 with
+    the query's error (no traceback: the error names the option, frame or broker at fault)."""
+    from pyspark.errors import StreamingQueryException
+
     stop = threading.Event()
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
@@ -131,13 +153,24 @@ def run(protocol_of, args) -> int:
     total, seen = 0, set()
     tty = sys.stderr.isatty()
     last_print = 0.0
+
+    def count() -> int:
+        added = 0
+        for p in query.recentProgress:
+            if p["batchId"] not in seen:
+                seen.add(p["batchId"])
+                added += p.get("numInputRows", 0)
+        return added
+
+    error = None
     try:
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
-            for p in query.recentProgress:
-                if p["batchId"] not in seen:
-                    seen.add(p["batchId"])
-                    total += p.get("numInputRows", 0)
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException as exc:  # the query failed: reported below, not raised
+                error = exc
+                break
+            total += count()
             now = time.monotonic()
             if now - last_print >= args.progress_interval:
                 last_print = now
@@ -145,18 +178,26 @@ def run(protocol_of, args) -> int:
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
         if stop.is_set() and query.isActive:
             query.stop()
-        error = query.exception()
+        error = error or query.exception()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    for p in query.recentProgress:
-        if p["batchId"] not in seen:
-            seen.add(p["batchId"])
-            total += p.get("numInputRows", 0)
+    total += count()
     print(("\n" if tty else "") + f"bridge: {'failed' if error else 'done'}: {total:,} messages in {len(seen)} "
           f"batches, {time.monotonic() - started:,.1f}s", file=sys.stderr, flush=True)
-    spark.stop()
     if error is not None:
-        print(f"bridge: {error}", file=sys.stderr, flush=True)
+        print(f"bridge: {cause_of(getattr(error, 'desc', None) or str(error))}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Timeout\w*|Refused\w*))(?::\s*(.*))?$")
+
+
+def cause_of(text: str) -> str:
+    """The line of a query's error that says what went wrong: Spark wraps a task's Python error in
+    ``[STREAM_FAILED] ... [PYTHON_EXCEPTION] ... Traceback``; the last exception line of that
+    traceback (``spark_mq.errors.BrokerUnavailableError: ...``) names the option or broker at fault."""
+    lines = (text or "").splitlines()
+    found = [line.strip() for line in lines if _EXCEPTION_LINE.match(line)]
+    return found[-1] if found else (lines[0] if lines else "the query failed")

@@ -839,12 +839,13 @@ def main(argv: Optional[list] = None) -> int:
         return EXIT_OK
     except (SparkMqError, OSError, TimeoutError) as exc:
         text = f"{type(exc).__name__}: {exc}"
-        uri = getattr(args, "uri", None)
-        if uri:
+        uris = [u for u in (getattr(args, n, None) for n in ("uri", "from_uri", "to_uri")) if u]
+        for uri in uris:
             parts = urlsplit(uri)
             if parts.password:
                 text = text.replace(parts.password, "***")
-            text += f" (URI {_redact(uri)})"
+        if uris:
+            text += f" (URI {', '.join(_redact(u) for u in uris)})"
         _err(f"{prog}: {text}")
         return EXIT_FAILURE
 

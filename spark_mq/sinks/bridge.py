@@ -95,8 +95,8 @@ def _common(sink: str, id_target: str, headers: Rule, timestamp: Rule) -> None:
 
 
 _common("amqp08", "`message_id`",
-        Rule("headers", "headers", "STOMP frame headers left out; RabbitMQ's STOMP property headers "
-                                   "(content-type, persistent, reply-to, ...) become the properties"),
+        Rule("headers", "headers", "from a STOMP source: frame headers left out, and RabbitMQ's STOMP property "
+                                   "headers (content-type, persistent, reply-to, ...) become the properties"),
         Rule("column", "timestamp", "seconds"))
 for _p in _AMQP_PROPS:
     RULES["amqp08"][("amqp08", _p)] = Rule("column", _p)
@@ -211,7 +211,7 @@ class Bridge:
                 out[rule.target] = "string"
             elif rule.how == "frames":
                 out["frames"] = "array<binary>"
-        if self.sink == "amqp08" and "headers" in self.index:
+        if self.sink == "amqp08" and self.source == "stomp" and "headers" in self.index:
             for prop in _STOMP_TO_AMQP.values():  # lifted from RabbitMQ's STOMP property headers
                 out.setdefault(prop, "int" if prop in ("delivery_mode", "priority") else "string")
         if self._wants_headers():
@@ -266,7 +266,7 @@ class Bridge:
                     value = self._header_value(name, value)
                     if value is not None:
                         row[rule.target] = value
-        if self.sink == "amqp08" and headers_in is not None:
+        if self.sink == "amqp08" and self.source == "stomp" and headers_in is not None:
             self._lift_properties(source_headers, out)
         if self._wants_headers():
             out["headers"] = pa.array(self._merged_headers(source_headers, extra, ids), type=pa.map_(pa.string(), pa.string()))
@@ -317,7 +317,14 @@ class Bridge:
                 out[prop] = pa.array(values, type=pa.string())
 
     def _merged_headers(self, source_headers: List[dict], extra: List[dict], ids: List[Optional[str]]) -> list:
-        drop = STOMP_FRAME_HEADERS if self.sink == "stomp" else STOMP_FRAME_HEADERS | set(_STOMP_TO_AMQP)
+        # STOMP frame headers belong to a STOMP delivery (a STOMP source's) and would rewrite a SEND
+        # frame (a STOMP sink's); a STOMP source's property headers became AMQP properties. An AMQP
+        # source's application headers are the message's own, whatever their names.
+        drop: set = set()
+        if self.source == "stomp" or self.sink == "stomp":
+            drop |= STOMP_FRAME_HEADERS
+        if self.source == "stomp" and self.sink == "amqp08":
+            drop |= set(_STOMP_TO_AMQP)
         rows = []
         for h, more, ident in zip(source_headers, extra, ids):
             merged = {k: v for k, v in h.items() if k not in drop and v is not None}

@@ -180,9 +180,26 @@ def id_prefix(plan: SinkPlan, batch: Optional[str], partition: int, first: pa.Re
     if batch is None:
         return f"{plan.write_id}:{partition}:"
     h = hashlib.blake2b(plan.write_key, digest_size=4)
-    h.update(b"\x00")
-    h.update(repr(first.slice(0, 1).to_pylist()).encode())
+    for column in first.slice(0, 1).columns:
+        h.update(b"\x00")
+        h.update(_canonical(column))
     return f"{batch}{h.hexdigest()}:{partition}:"
+
+
+def _canonical(value: pa.Array) -> bytes:
+    """A one-row column as bytes that do not depend on the session's time zone or on how Python
+    prints values: binary and text as their bytes, timestamps as epoch microseconds, the rest
+    (numbers, maps, lists) by ``repr`` of plain Python values."""
+    if pa.types.is_timestamp(value.type):
+        value = value.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    item = value[0].as_py()
+    if item is None:
+        return b"\xff"
+    if isinstance(item, bytes):
+        return b"b" + item
+    if isinstance(item, str):
+        return b"s" + item.encode("utf-8", "surrogatepass")
+    return b"r" + repr(item).encode()
 
 
 def _slices(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:

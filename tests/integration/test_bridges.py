@@ -346,3 +346,27 @@ def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_pe
         f"{len(by_id)} distinct ids for {KILL_N} messages"
     for ident, bodies in by_id.items():
         check_id(source, next(iter(bodies)), ident)
+
+
+@pytest.mark.timeout(600)
+def test_a_failing_bridge_exits_1_naming_the_error_without_a_traceback(malamute_broker, unique_name, tmp_path):
+    """Review finding: the command let the query's StreamingQueryException escape as a traceback."""
+    import socket
+
+    src = MalamuteEnd(malamute_broker, unique_name("bf-in"))
+    src.produce(10)
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "spark_mq.cli", "bridge", src.endpoint, f"amqp://guest:secret@127.0.0.1:{port}/%2F",
+           "--from", f"mailbox:{src.mailbox}", "--to", "q", "--state", str(tmp_path / "state"), "--available-now",
+           "-O", "connectTimeout=2"]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    # Spark logs the failed task (with the worker's traceback) on its own; the command ends with its
+    # summary and the error's first line, not with a Python traceback of its own
+    ours = [line for line in done.stderr.splitlines() if line.startswith("bridge: ")]
+    assert ours[-2].startswith("bridge: failed:"), done.stderr[-3000:]
+    assert "refused" in ours[-1].lower() and "Traceback" not in ours[-1], ours[-1]
+    assert not done.stderr.rstrip().splitlines()[-1].startswith(("Traceback", "  File")), done.stderr[-3000:]

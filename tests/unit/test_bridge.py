@@ -175,3 +175,45 @@ def test_bridge_command_usage_errors_name_the_argument(capsys):
     assert "FROM_URI" in capsys.readouterr().err
     assert main(["bridge", "tcp://127.0.0.1:1", "amqp://h/%2F", "--from", "topic:x", "--to", "b"]) == EXIT_USAGE
     assert "Malamute target 'topic:x'" in capsys.readouterr().err
+
+
+def test_amqp_application_headers_with_stomp_like_names_cross_an_amqp_bridge_untouched():
+    """Review finding: the STOMP frame and property header names were dropped from every source."""
+    row = list(source_row("amqp08"))
+    row[4] = [("type", "order"), ("priority", "high"), ("destination", "eu"), ("x", "1")]
+    plan = plan_for("amqp08", "amqp08")
+    (_, _, _, props), = plan.make_encoder(plan).encode(plan.bridge.convert(S.build_batch("amqp08", [tuple(row)])),
+                                                      "p", 0)[0]
+    assert props.headers == {"type": "order", "priority": "high", "destination": "eu", "x": "1",
+                             "original-user-id": "guest"}
+    assert props.type == "evt" and props.priority == 5  # the properties stay the source's own
+    plan = plan_for("amqp08", "stomp")  # into a SEND frame, a 'destination' header would reroute it
+    (dest, _, headers), = plan.make_encoder(plan).encode(plan.bridge.convert(S.build_batch("amqp08", [tuple(row)])),
+                                                        "p", 0)[0]
+    assert dest == "/queue/out" and "destination" not in headers and headers["x"] == "1"
+
+
+def test_the_default_bridge_state_does_not_depend_on_credentials():
+    """Review finding: a rotated password gave a new state directory, stranding the old log."""
+    from types import SimpleNamespace
+
+    from spark_mq.bridge_job import state_dir
+
+    def args(src, dst):
+        return SimpleNamespace(state=None, from_uri=src, to_uri=dst, source="/queue/a", sink="a")
+
+    one = state_dir(args("stomp://u:old@Broker:61613", "amqp://g:x@rabbit:5672/%2F"))
+    assert one == state_dir(args("stomp://u:new@broker:61613", "amqp://h:y@rabbit:5672/%2F"))
+    assert one != state_dir(args("stomp://u:new@other:61613", "amqp://h:y@rabbit:5672/%2F"))
+    assert "old" not in one and "new" not in one
+
+
+def test_the_bridge_command_reports_the_cause_inside_sparks_wrapping():
+    from spark_mq.bridge_job import cause_of
+
+    text = ("[STREAM_FAILED] Query [id = x] terminated with exception: [PYTHON_EXCEPTION] An exception was thrown "
+            "from the Python worker: Traceback (most recent call last):\n  File \"w.py\", line 1, in f\n    g()\n"
+            "spark_mq.errors.ConnectionClosedError: connection to 127.0.0.1:5 refused (option 'uri')\n"
+            "\tat org.apache.spark.api.python.X(X.scala:1)")
+    assert cause_of(text) == "spark_mq.errors.ConnectionClosedError: connection to 127.0.0.1:5 refused (option 'uri')"
+    assert cause_of("plain failure") == "plain failure"

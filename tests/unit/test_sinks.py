@@ -385,3 +385,18 @@ def test_ids_inside_a_micro_batch_tell_writes_apart_and_repeat_on_replay():
     assert id_prefix(plan, batch, 3, other) != same
     # a plain df.write: the write's own id, no hashing
     assert id_prefix(plan, None, 3, first) == f"{plan.write_id}:3:"
+
+
+def test_the_id_tag_does_not_depend_on_the_session_time_zone():
+    """Review finding: the tag hashed repr() of the first row, whose timestamps print in the session's
+    time zone: a replay after a time-zone change would have got new ids."""
+    from spark_mq.sinks.writer import id_prefix
+
+    plan = amqp_plan(schema(("body", BinaryType())), routingKey="q")
+    at = 1_700_000_000_000_000
+    utc = pa.record_batch([pa.array([b"x"]), pa.array([at], pa.timestamp("us", tz="UTC"))], names=["body", "ts"])
+    paris = pa.record_batch([pa.array([b"x"]), pa.array([at], pa.timestamp("us", tz="Europe/Paris"))],
+                            names=["body", "ts"])
+    later = pa.record_batch([pa.array([b"x"]), pa.array([at + 1], pa.timestamp("us", tz="UTC"))], names=["body", "ts"])
+    assert id_prefix(plan, "q:1:", 0, utc) == id_prefix(plan, "q:1:", 0, paris)
+    assert id_prefix(plan, "q:1:", 0, utc) != id_prefix(plan, "q:1:", 0, later)
