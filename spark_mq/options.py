@@ -548,5 +548,7 @@ SOURCE_OPTIONS = define(
     OptionSpec("maxTaskBytes", OptionType.SIZE, default=64 << 20, minimum=64 << 10, directions=_SRC, doc=(
         "Batch reads without logLocation: the Arrow data a partition carries inside its task is at most "
         "this large, far below Spark's spark.rpc.message.maxSize (128 MiB by default), above which the "
-        "scheduler refuses the task. A single larger message fails the read, unacknowledged.")),
+        "scheduler refuses the task. A single larger message fails the read, unacknowledged (on ActiveMQ, which "
+        "sends no more until acks come, the groups drained before it were acknowledged as they came and are "
+        "lost with the read, which says how many).")),
 )

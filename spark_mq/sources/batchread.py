@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from spark_mq import schema as S
-from spark_mq.errors import OptionError
+from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 
 log = logging.getLogger("spark_mq.sources.batchread")
@@ -50,6 +50,17 @@ log = logging.getLogger("spark_mq.sources.batchread")
 __all__ = ["DrainEnd", "memory_partitions", "logged_partitions", "commit_batch_read", "STATE_NAME"]
 
 STATE_NAME = "batch-read.json"
+
+
+class BatchReadError(SparkMqError):
+    """A batch read cannot complete; the message says what became of the messages it drained."""
+
+
+def _batch_ack_mode(opts: Options) -> Options:
+    """``ackMode=commit`` means acks inside Spark's commit of a micro-batch, which a batch read has
+    not: it acknowledges as ``durable`` does (before this, the AMQP consumer's channel was in tx mode
+    and the acks were never committed, so every read returned the same messages again)."""
+    return opts.replace(ackMode="durable") if opts.get("ackMode") == "commit" else opts
 _LOG_LOCK_WAIT = 10.0        # seconds a read or a commit waits for another holder of the log's lock
 _DEPTH_QUIET_FACTOR = 10     # with a queue depth that says more is there, silence ends a drain only after this many quiet periods
 _MAX_AMQP_PREFETCH = 0xFFFF  # basic.qos prefetch-count is an AMQP short
@@ -149,15 +160,25 @@ def drain(consumer, opts: Options, take: Callable[[list], None], limit: int) -> 
     end too, past ``limit`` if need be: closing it would lose what it holds."""
     end = DrainEnd(consumer, opts, int(time.time() * 1000))
     taken = 0
-    while taken < limit:
-        msgs = consumer.poll(min(opts.fsyncMessages, limit - taken), max(0.001, min(0.2, opts.quietPeriod)))
-        if msgs:
-            end.took(msgs)
-            take(msgs)
-            taken += len(msgs)
-            end.last = time.monotonic()  # silence counts while we poll, not while we log a group
-        if end.over(empty=not msgs):
-            break
+    try:
+        while taken < limit:
+            msgs = consumer.poll(min(opts.fsyncMessages, limit - taken), max(0.001, min(0.2, opts.quietPeriod)))
+            if msgs:
+                end.took(msgs)
+                take(msgs)
+                taken += len(msgs)
+                end.last = time.monotonic()  # silence counts while we poll, not while we log a group
+            if end.over(empty=not msgs):
+                break
+    except PoisonDelivery as exc:
+        # a batch read has no sessions to fail and retry: poisonMessages / maxDeliveryFailures are the
+        # stream source's; the read fails naming the message, and nothing of it is acknowledged
+        where = f" from {exc.destination}" if exc.destination else ""
+        ident = f" {exc.message_id}" if exc.message_id else ""
+        raise BatchReadError(
+            f"batch read: message{ident}{where} cannot be taken: {exc.reason}. A batch read fails on such a "
+            f"message (poisonMessages applies to stream queries, where it can be dead-lettered)"
+            + (f"; option {exc.option!r} would let it through" if exc.option else "")) from exc
     if taken >= limit and end.reason is None:
         end.reason = f"maxMessages ({limit})"
     if not getattr(consumer, "returns_unacked", True):
@@ -200,7 +221,7 @@ def split_for_tasks(batch: pa.RecordBatch, n: int, max_bytes: int) -> list[bytes
                 f"a message of {len(data)} bytes (as Arrow data) does not fit a task of 'maxTaskBytes' ({max_bytes}): "
                 f"a batch read without logLocation ships its messages inside the tasks. Give the read a "
                 f"'logLocation' (the tasks then carry only where to read), or raise maxTaskBytes (and Spark's "
-                f"spark.rpc.message.maxSize). Nothing was acknowledged: the broker keeps the messages")
+                f"spark.rpc.message.maxSize)")
     return out
 
 
@@ -213,6 +234,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         # would stop the broker there (the default 1,000 did: a batch read of a longer queue returned
         # 1,000) and the drain would end at a silence that is only the broker waiting for acks
         opts = opts.replace(prefetch=min(opts.maxMessages, _MAX_AMQP_PREFETCH))
+    opts = _batch_ack_mode(opts)
     consumer = connector(opts, 0)
     try:
         got: list = []
@@ -222,19 +244,39 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         acks = opts.get("ackMode", "durable") != "auto"
         # A broker that holds the rest of a queue back until acks come (ActiveMQ, see StompConsumer)
         # is acknowledged group by group: waiting for the build would end the drain at its page.
-        # The cost: a planning process that dies mid-drain loses what it acknowledged.
+        # The cost: a read that fails after that (a message too large for a task, a lost connection,
+        # a poison message, the planning process dying) loses what it acknowledged. The error says so.
         early = acks and getattr(consumer, "acks_release_more", False)
+        acked = 0
 
         def take(msgs: list) -> None:
-            rows.extend(consumer.row(msg, len(rows) + i, now_us) for i, msg in enumerate(msgs))
+            nonlocal acked
+            new = [consumer.row(msg, len(rows) + i, now_us) for i, msg in enumerate(msgs)]
             if early:
+                for row in new:  # before this group's ack: the broker keeps it and what follows
+                    if len(row[0]) + _PARTITION_OVERHEAD > opts.maxTaskBytes:
+                        raise OptionError(
+                            f"a message of {len(row[0])} bytes does not fit a task of 'maxTaskBytes' "
+                            f"({opts.maxTaskBytes}): a batch read without logLocation ships its messages inside "
+                            f"the tasks. Give the read a 'logLocation', or raise maxTaskBytes (and Spark's "
+                            f"spark.rpc.message.maxSize)")
                 consumer.ack(msgs)
+                acked += len(msgs)
             else:
                 got.extend(msgs)
-        drain(consumer, opts, take, opts.maxMessages)
-        batch = S.build_batch(fmt, rows)
-        n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
-        parts = [MemoryPartition(i, data) for i, data in enumerate(split_for_tasks(batch, n, opts.maxTaskBytes))]
+            rows.extend(new)
+        try:
+            drain(consumer, opts, take, opts.maxMessages)
+            batch = S.build_batch(fmt, rows)
+            n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
+            parts = [MemoryPartition(i, data) for i, data in enumerate(split_for_tasks(batch, n, opts.maxTaskBytes))]
+        except Exception as exc:
+            if acked:
+                raise BatchReadError(
+                    f"batch read failed after acknowledging {acked} messages it had drained (this broker sends no "
+                    f"more until acks come, so a read without logLocation acknowledges as it drains): those "
+                    f"{acked} are lost. Give the read a 'logLocation' to keep them. Cause: {exc}") from exc
+            raise
         if got and acks:
             consumer.ack(got)  # the data is built: only now may the broker forget it
         return parts
@@ -300,6 +342,7 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
                     known.add(content_identity(body, headers))
                     if mid is not None:
                         known.add(("id", mid))
+        opts = _batch_ack_mode(opts)
         consumer = connector(opts, 0)
         try:
             stable = getattr(consumer, "stable_ids", True)

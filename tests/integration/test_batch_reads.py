@@ -349,3 +349,27 @@ def test_batch_read_without_log_location_reads_past_the_prefetch(spark, rabbitmq
         reader = reader.option(k, v)
     got = [r.body for r in reader.load().collect()]
     assert sorted(got) == sorted(bodies), f"{len(got)} of {len(bodies)}"
+
+
+@pytest.mark.parametrize("logged", [False, True], ids=["in-tasks", "log-location"])
+def test_batch_read_with_commit_ack_mode_takes_each_message_once(spark, rabbitmq, unique_name, tmp_path, logged):
+    """Review finding: with ackMode=commit the AMQP consumer's channel was transactional and a batch
+    read's acks were never committed, so the broker requeued everything and the next read returned
+    the same messages. A batch read acknowledges as durable does."""
+    import spark_mq
+
+    url, queue = rabbitmq.url("amqp"), unique_name("batchcommit")
+    _publish_amqp(url, queue, [f"c{i}".encode() for i in range(300)])
+
+    def read() -> list:
+        r = spark.read.format("amqp08").option("uri", url).option("queue", queue).option("ackMode", "commit") \
+            .option("quietPeriod", "1")
+        if logged:
+            r = r.option("logLocation", str(tmp_path / "log"))
+        return sorted(row.body for row in r.load().collect())
+
+    assert len(read()) == 300
+    if logged:
+        spark_mq.commit_batch_read(str(tmp_path / "log"))
+    _publish_amqp(url, queue, [b"new"])
+    assert read() == [b"new"]
