@@ -142,6 +142,8 @@ class Amqp08Consumer:
         """basic.reject without requeue: the queue's dead-letter exchange gets it (RabbitMQ adds
         x-death headers saying from where; without a dead-letter exchange RabbitMQ drops it)."""
         self.ch.basic_reject(msg.delivery_tag, requeue=False)
+        if self.commit_mode:  # the channel is transactional: the reject takes effect at its commit
+            self.ch.tx_commit()
 
     def token(self, msg):
         return msg.delivery_tag

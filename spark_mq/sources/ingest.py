@@ -789,7 +789,9 @@ class Ingest:
             self._settle(keep=0)
             reason = f"failed {count} sessions of spark-mq's {self.fmt} source: {poison.reason}"
             with self._consumer_lock:
-                dead_letter(poison.msg, reason, count)
+                later = dead_letter(poison.msg, reason, count)
+                if later is not None:  # commit mode, cumulative acks: with the commit past it
+                    self._pending_acks.append((self.log.head, self._generation, consumer.token(later)))
             # its count stays: should the reject or ACK be lost with the connection, its redelivery
             # is dead-lettered at once
             self.dead_lettered += 1

@@ -123,9 +123,10 @@ class StompConsumer:
             headers=[(k, v) for k, v in h.items() if k != "content-length"], size=frame.oversize, held=False,
             option="maxFrameBytes")
 
-    def dead_letter(self, frame, reason: str, failures: int) -> None:
+    def dead_letter(self, frame, reason: str, failures: int):
         """SEND a poison message to ``deadLetterDestination`` (its headers, and why), wait for the
-        broker's receipt, then ACK it: never acknowledged unless the copy was taken."""
+        broker's receipt, then ACK it: never acknowledged unless the copy was taken. In commit mode the
+        frame is returned instead, to be acknowledged at Spark's commit past it."""
         h = frame.headers
         headers = {k: v for k, v in h.items() if v is not None and k and k not in _DELIVERY_HEADERS}
         headers.update({
@@ -136,8 +137,13 @@ class StompConsumer:
             "x-spark-mq-dead-letter-reason": " ".join(reason.split())[:1000],  # one line: STOMP 1.0 cannot escape
         })
         self.client.send(self.opts.deadLetterDestination, frame.body, headers=headers, receipt=True)
+        if self.commit_mode:
+            # an ACK is cumulative on both brokers: now it would also acknowledge the messages before
+            # it that wait for Spark's commit. It is acknowledged with them, at the commit past it.
+            return frame
         if not self.auto:
             self.client.ack(frame)
+        return None
 
     def ack(self, frames: list) -> None:
         if self.auto or not frames:

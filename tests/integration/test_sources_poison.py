@@ -214,14 +214,17 @@ def test_sessions_failing_on_a_poison_back_off_and_broker_timeout_names_the_erro
 
 
 @pytest.mark.timeout(300)
-def test_amqp_poison_delivery_is_dead_lettered_by_option(spark, rabbitmq, unique_name, tmp_path):
+@pytest.mark.parametrize("ack_mode", ["durable", "commit"])
+def test_amqp_poison_delivery_is_dead_lettered_by_option(spark, rabbitmq, unique_name, tmp_path, ack_mode):
+    """In commit mode the channel is transactional: the reject takes effect only with a tx.commit
+    (review finding: without one the message stayed in the queue, counted as dead-lettered)."""
     from spark_mq.protocol.amqp08.connection import UndecodableProperties
 
     url, queue, dlq = rabbitmq.url("amqp"), unique_name("poison-dl"), unique_name("poison-dlq")
     with Connection.from_url(url) as conn:
         conn.channel().queue_declare(dlq, durable=True)
     _publish_undecodable_amqp(url, queue, {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
-    rows, q = _read_all(spark, "amqp08", {"uri": url, "queue": queue, "maxDeliveryFailures": 2,
+    rows, q = _read_all(spark, "amqp08", {"uri": url, "queue": queue, "maxDeliveryFailures": 2, "ackMode": ack_mode,
                                           "poisonMessages": "deadLetter"}, tmp_path, "dl")
     assert q.exception() is None, q.exception()
     assert sorted(r.body for r in rows) == [b"after", b"before"], rows
@@ -309,3 +312,39 @@ def test_stomp_frame_above_max_frame_bytes_fails_naming_the_option_then_reads_wi
     then, q = _read_all(spark, "stomp", {**opts, "maxFrameBytes": "4MiB"}, tmp_path, "big")
     assert q.exception() is None, q.exception()
     assert sorted(len(r.body) for r in first + then) == [5, 6, len(big)], [len(r.body) for r in first + then]
+
+
+def test_stomp_dead_letter_in_commit_mode_leaves_the_ack_to_sparks_commit(stomp_broker, unique_name, tmp_path):
+    """Review finding: in ackMode=commit the dead-lettering ACK (cumulative on both brokers) also
+    acknowledged the messages before the poison that wait for Spark's commit. Now the consumer hands
+    the frame back, to be acknowledged with them at the commit past it: until then the broker keeps
+    the message before it."""
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.stomp import StompConsumer
+
+    dest, dlq = "/queue/" + unique_name("poison-cdl"), "/queue/" + unique_name("poison-cdlq")
+    url = stomp_broker.url("stomp")
+    with StompClient.from_uri(url) as client:
+        for body in (b"before", b"poison"):
+            client.send(dest, body, headers={"persistent": "true"})
+        client.flush()
+    opts = parse_options({"uri": url, "destination": dest, "logLocation": str(tmp_path / "log"), "ackMode": "commit",
+                          "poisonMessages": "deadLetter", "deadLetterDestination": dlq}, format="stomp",
+                         direction=SOURCE)
+    consumer = StompConsumer(opts)
+    try:
+        deadline = time.monotonic() + 30
+        got = []
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += consumer.poll(2, 1.0)
+        assert [f.body for f in got] == [b"before", b"poison"], got
+        assert consumer.dead_letter(got[1], "undecodable", 5) is got[1]
+    finally:
+        consumer.close()  # no commit came: nothing was acknowledged
+    with StompClient.from_uri(url) as client:
+        client.subscribe(dlq, ack="auto")
+        dead = client.receive(30)
+        assert dead is not None and dead.body == b"poison", dead
+        client.subscribe(dest, ack="auto")
+        first = client.receive(30)
+        assert first is not None and first.body == b"before", first  # still in the broker
