@@ -32,7 +32,7 @@ from spark_mq.arrowcols import column
 from spark_mq.errors import SparkMqError
 
 __all__ = [
-    "CORE_COLUMNS", "SOURCE_COLUMNS", "ID_HEADER", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
+    "CORE_COLUMNS", "SOURCE_COLUMNS", "ID_HEADER", "struct_of", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
     "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value", "row_bytes_function",
 ]
 
@@ -119,8 +119,8 @@ def source_ddl(fmt: str) -> str:
     return ", ".join(f"{name} {typ}" for name, typ in SOURCE_COLUMNS[fmt])
 
 
-def source_schema(fmt: str):
-    """The source schema as a pyspark ``StructType`` (imports pyspark)."""
+def struct_of(fields) -> "object":
+    """``(name, DDL type)`` pairs, in the types the sources use, as a pyspark ``StructType``."""
     from pyspark.sql.types import (
         ArrayType, BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField, StructType,
         TimestampType,
@@ -130,8 +130,13 @@ def source_schema(fmt: str):
         "map<string,string>": MapType(StringType(), StringType()), "boolean": BooleanType(),
         "bigint": LongType(), "int": IntegerType(), "array<binary>": ArrayType(BinaryType()),
     }
+    return StructType([StructField(name, spark_types[typ]) for name, typ in fields])
+
+
+def source_schema(fmt: str):
+    """The source schema as a pyspark ``StructType`` (imports pyspark)."""
     _check_format(fmt)
-    return StructType([StructField(name, spark_types[typ]) for name, typ in SOURCE_COLUMNS[fmt]])
+    return struct_of(SOURCE_COLUMNS[fmt])
 
 
 def source_arrow_schema(fmt: str) -> pa.Schema:

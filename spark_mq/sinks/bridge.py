@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pyarrow as pa
 
-from spark_mq.schema import CORE_COLUMNS, ID_HEADER, SOURCE_COLUMNS
+from spark_mq.schema import CORE_COLUMNS, ID_HEADER, SOURCE_COLUMNS, struct_of
 from spark_mq.sinks.values import SinkDataError
 
 __all__ = ["Rule", "RULES", "Bridge", "detect", "rule_for", "table_markdown", "STOMP_FRAME_HEADERS",
@@ -226,16 +226,7 @@ class Bridge:
 
     def output_schema(self):
         """``output_fields`` as a pyspark ``StructType`` (driver side: what the sink's columns are checked on)."""
-        from pyspark.sql.types import (
-            ArrayType, BinaryType, BooleanType, IntegerType, LongType, MapType, StringType, StructField, StructType,
-            TimestampType,
-        )
-        spark_types = {
-            "binary": BinaryType(), "string": StringType(), "timestamp": TimestampType(),
-            "map<string,string>": MapType(StringType(), StringType()), "boolean": BooleanType(),
-            "bigint": LongType(), "int": IntegerType(), "array<binary>": ArrayType(BinaryType()),
-        }
-        return StructType([StructField(name, spark_types[typ]) for name, typ in self.output_fields()])
+        return struct_of(self.output_fields())
 
     def _wants_headers(self) -> bool:
         return self.sink != "malamute"
