@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spark_mq.errors import OptionError, PoisonDelivery
+from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
@@ -81,7 +81,7 @@ class Amqp08Consumer:
             self.conn.close()
             raise
         self._lost: Optional[BaseException] = None
-        self._depth: Optional[int] = None  # the last queue depth asked for the figures
+        self._figures = None  # auto mode: (connection, channel) that asks the depth for the figures
 
     def _declare(self, ch) -> None:
         mode = self.opts.declare
@@ -165,22 +165,30 @@ class Amqp08Consumer:
         return None  # the client's reader thread keeps the heartbeat
 
     def depth(self):
-        if self.auto and self._holding_back():
-            # declare-ok queues behind whatever the broker has already written to the socket, and
-            # without a prefetch that is as much as TCP takes: asking would pull it all into memory
-            # past the client's bound, once per figure. The last figure stands until there is room.
-            return self._depth
-        ok = self.control.queue_declare(self.queue, passive=True)
-        self._depth = ok.message_count if ok is not None else None
-        return self._depth
+        """The queue's depth for the figures. In ``auto`` mode it is asked on a connection of its own:
+        without a prefetch the broker writes deliveries as fast as TCP takes them, and a declare-ok on
+        the consuming connection queues behind all of that, which the client must then read past its
+        buffer bound to find the reply (seen: 10,561 held against a bound of 10,000)."""
+        if not self.auto:
+            ok = self.control.queue_declare(self.queue, passive=True)
+            return ok.message_count if ok is not None else None
+        try:
+            if self._figures is None:
+                conn = connect_amqp08(self.opts)  # takes no deliveries
+                self._figures = (conn, conn.channel())
+            ok = self._figures[1].queue_declare(self.queue, passive=True)
+        except BaseException:
+            self._close_figures()  # a broker restart: the next figure connects again
+            raise
+        return ok.message_count if ok is not None else None
 
-    def _holding_back(self) -> bool:
-        conn = self.conn
-        if conn.reading_paused:
-            return True
-        m, b = conn.max_buffered_messages, conn.max_buffered_bytes
-        return (m is not None and 2 * conn.buffered_messages >= m) or \
-            (b is not None and 2 * conn.buffered_bytes >= b)
+    def _close_figures(self) -> None:
+        figures, self._figures = self._figures, None
+        if figures is not None:
+            try:
+                figures[0].close(timeout=2.0)
+            except (SparkMqError, OSError):
+                pass
 
     def depth_in_order(self):
         # on the consuming channel: deliveries sent before declare-ok are already in the client
@@ -192,6 +200,7 @@ class Amqp08Consumer:
         return self.ch.pending_messages
 
     def close(self) -> None:
+        self._close_figures()
         self.conn.close(timeout=2.0)
 
 
