@@ -15,6 +15,7 @@ reported, every round kept in bench/results/bridges.json.
 
     python -m bench bridges                       # 3 rounds x 3 pairs x 100,000 messages
     python -m bench bridges --n=20000 --rounds=1  # a quick look (partial: no results file)
+    python -m bench bridges --pairs=stomp         # the pairs whose name starts so (partial)
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def main(argv: list[str]) -> dict:
         "malamute->amqp08": (lambda d, k, s: mlm_preload(mlm.endpoint, d, k, s), "malamute",
                              lambda d: {"uri": mlm.endpoint, "mailbox": d}),
     }
+    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--pairs=")), None)
+    if only:
+        pairs = {k: v for k, v in pairs.items() if any(k.startswith(w) for w in only.split(","))}
     figures: dict = {"n": n, "body_bytes": BODY, "rounds": rounds, "target_ratio": TARGET, "pairs": {}}
     try:
         # one unmeasured small bridge per pair: Python workers started, first-query costs paid
@@ -169,5 +173,5 @@ def main(argv: list[str]) -> dict:
          f"{row['bridge_msgs_per_s']:,.0f} msg/s", f"x{row['ratio']:.2f} of the slower end "
          f"(source {row['source_msgs_per_s']:,.0f}, sink {row['sink_msgs_per_s']:,.0f} msg/s)", f">= {TARGET}")
         for pair, row in figures["pairs"].items()]
-    write_results("bridges", figures, partial=(n != N or rounds != ROUNDS))
+    write_results("bridges", figures, partial=(n != N or rounds != ROUNDS or bool(only)))
     return figures

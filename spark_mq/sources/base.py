@@ -43,6 +43,8 @@ __all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "H
 _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
 _SILENT_PLAN = 0.1             # seconds without deliveries after which availableNow plans what it has
+_OVERLAP_MIN = 1.0             # availableNow mid-drain: a batch at least this many seconds after the last ...
+_OVERLAP_SHARE = 0.25          # ... and after this share of the drain so far (see _available_now_ready)
 _DEFAULT_PREFETCH = 1000
 # ``dbfs:/path``, ``s3:/bucket``: a scheme and one slash. Not a filesystem URI for pyarrow (which needs
 # ``scheme://``), and as a local path it would be a directory named ``dbfs:`` under the driver's working
@@ -332,7 +334,10 @@ class MQStreamReader(DataSourceStreamReader):
         half the log's byte bound (``maxUncommittedBytes`` / 2) in bodies: executors then read while
         the ingest drains, and the ingest never pauses for it; or when nothing came for
         ``_SILENT_PLAN``: the drain is most likely over, and Spark reads the rest while the quiet
-        period that fixes the target runs. Planning many small batches while the
+        period that fixes the target runs; or when Spark asks and rows have waited a second and a
+        quarter of the drain so far (``_OVERLAP_MIN``, ``_OVERLAP_SHARE``): a sink as slow as the
+        drain (a bridge) then writes while the ingest drains, and a long drain still makes only a
+        dozen or so batches a minute, growing. Planning many small batches while the
         ingest is still draining would spend the machine on per-batch overhead instead of on the
         drain: measured, 400,000 x 4 KiB Malamute mails planned every 128 MiB (13 batches) gave 0.31
         / 0.32 of the raw client, every 512 MiB (4 batches) 0.37 / 0.38, with half the JVM's CPU. Planning
@@ -348,6 +353,16 @@ class MQStreamReader(DataSourceStreamReader):
             return True
         if ing.log.body_bytes(s, head) >= self.opts.maxUncommittedBytes // 2:
             return True  # a large backlog: executors read this batch while the ingest drains the rest
+        now = time.monotonic()
+        since = max(self._last_batch_time or 0.0, ing._an_began)
+        if now - since >= max(_OVERLAP_MIN, _OVERLAP_SHARE * (now - ing._an_began)):
+            # Overlap: Spark is free (it asks) and rows have waited a while: they go now, and the
+            # executors write them (to a sink that may be as slow as the drain: a bridge) while the
+            # ingest drains the rest. Without this a drain that fits the byte rule above came as one
+            # batch after the drain's end, and a bridge took the source's time plus the sink's
+            # (measured: stomp->amqp08 at 0.52 of its slower end). The wait grows with the drain,
+            # so a long drain still makes a few large batches (log-many), not many small ones.
+            return True
         if time.monotonic() - ing.last_message >= _SILENT_PLAN:
             # Deliveries stopped: most likely the backlog is all here, and the quiet period that
             # fixes the target has begun. Spark reads what the log holds meanwhile, instead of
