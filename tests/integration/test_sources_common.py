@@ -155,10 +155,10 @@ def test_read_limit_partitions_order_and_headers(spark, src, tmp_path):
 
 
 def test_available_now_reads_a_large_backlog_while_it_drains(spark, src, tmp_path):
-    """Without a read limit availableNow plans one batch up to its target, unless there are many
-    body bytes: once the unplanned log holds half the log's byte bound (``maxUncommittedBytes``), a
-    batch is planned (so that executors can read it while the ingest drains the rest), not the whole
-    backlog at once. Exactly once.
+    """Without a read limit availableNow plans one batch up to its target when the drain is short;
+    while a drain goes on, a batch is planned once the unplanned log holds half the log's byte bound
+    (``maxUncommittedBytes``) or its rows waited a second (so that executors read it while the
+    ingest drains the rest), not the whole backlog at once. Exactly once.
     ``fsyncMessages=1`` (an append, fsync and ack per message) keeps the drain slower than Spark's
     first batch, as large bodies do, so that there is a rest to drain."""
     n = 2000
@@ -179,10 +179,10 @@ def test_available_now_reads_a_large_backlog_while_it_drains(spark, src, tmp_pat
     rows = [row for rows in parts for row in rows]
     assert sorted(o for o, _ in rows) == list(range(n))
     assert sorted(b for _, b in rows) == sorted(f"m{i}".encode() for i in range(n))
-    # the first batch was planned at half the byte bound (2,000 bytes) or more, not at the first
-    # message; later ones may be planned early, when the ingest pauses at the bound (4,000 bytes
-    # uncommitted, counting a planned batch Spark has not committed yet)
-    assert sum(len(b) for _, b in parts[0]) >= 2000, sizes
+    # the first batch was planned at half the byte bound (2,000 bytes) or after a second of drain,
+    # not at the first message; later ones may be planned early, when the ingest pauses at the bound
+    # (4,000 bytes uncommitted, counting a planned batch Spark has not committed yet)
+    assert sizes[0] > 1, sizes
 
 
 def test_a_large_batch_of_small_bodies_is_split_by_message_count(spark, malamute_broker, unique_name, tmp_path):
