@@ -105,10 +105,9 @@ class DrainEnd:
         """A poll returned ``msgs`` (not empty)."""
         self.count += len(msgs)
         self.last = time.monotonic()
-        stamp = getattr(self.consumer, "broker_stamp_ms", None)
-        if stamp is not None and self.reason is None:
+        if self.consumer.broker_stamps and self.reason is None:
             for msg in msgs:
-                ms = stamp(msg)
+                ms = self.consumer.broker_stamp_ms(msg)
                 if ms is not None and ms > self.started_ms:
                     self.reason = f"a message the broker stamped {ms - self.started_ms} ms after the start"
                     break
@@ -117,13 +116,10 @@ class DrainEnd:
         """Seconds without deliveries that count as silence: where the broker answers heartbeats,
         only up to its last answer."""
         now = time.monotonic()
-        heard_at = getattr(self.consumer, "heard_at", None)
+        heard_at = self.consumer.heard_at()
         if heard_at is not None:
-            now = min(now, heard_at())
-        last = self.last
-        active_at = getattr(self.consumer, "active_at", None)
-        if active_at is not None:
-            last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+            now = min(now, heard_at)
+        last = max(self.last, self.consumer.active_at() or self.last)  # bytes of a frame still arriving are not silence
         return now - last
 
     def over(self, empty: bool = True) -> bool:
@@ -181,7 +177,7 @@ def drain(consumer, opts: Options, take: Callable[[list], None], limit: int) -> 
             + (f"; option {exc.option!r} would let it through" if exc.option else "")) from exc
     if taken >= limit and end.reason is None:
         end.reason = f"maxMessages ({limit})"
-    if not getattr(consumer, "returns_unacked", True):
+    if not consumer.returns_unacked:
         while True:
             msgs = consumer.poll(opts.fsyncMessages, 0.05)
             if not msgs:
@@ -246,7 +242,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         # is acknowledged group by group: waiting for the build would end the drain at its page.
         # The cost: a read that fails after that (a message too large for a task, a lost connection,
         # a poison message, the planning process dying) loses what it acknowledged. The error says so.
-        early = acks and getattr(consumer, "acks_release_more", False)
+        early = acks and consumer.acks_release_more
         acked = 0
 
         def take(msgs: list) -> None:
@@ -345,7 +341,7 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         opts = _batch_ack_mode(opts)
         consumer = connector(opts, 0)
         try:
-            stable = getattr(consumer, "stable_ids", True)
+            stable = consumer.stable_ids
             acks = opts.get("ackMode", "durable") != "auto"
             now_us = int(time.time() * 1_000_000)
 

@@ -36,6 +36,7 @@ from spark_mq.options import Options
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.base import MQDataSource
 from spark_mq.sources.connect import connect_malamute
+from spark_mq.sources.consumer import Consumer
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
 
@@ -56,9 +57,12 @@ def validate(opts: Options) -> None:
         raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
 
 
-class MalamuteConsumer:
+class MalamuteConsumer(Consumer):
+    """No acknowledgements, no pause message, no queue depth: the base's no-ops and None serve."""
+
     stable_ids = False  # no redeliveries in Malamute; trackers are not unique
     returns_unacked = False  # closing loses what the client holds: batch reads take it all
+    builds_batches = True
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
@@ -146,21 +150,6 @@ class MalamuteConsumer:
         return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
                 msg.sender, msg.address, msg.subject, tracker, S.frames_value(frames))
 
-    def ack(self, msgs: list) -> None:
-        return None
-
-    def token(self, msg):
-        return None
-
-    def ack_commit(self, token) -> None:
-        return None
-
-    def pause(self) -> None:
-        return None
-
-    def resume(self) -> None:
-        return None
-
     def keepalive(self) -> None:
         self.client.keepalive()
 
@@ -169,12 +158,6 @@ class MalamuteConsumer:
         and the broker answers, so silence from a broker that is there but stopped sending (paused,
         stalled) is told from an empty mailbox."""
         return self.client.heard_at
-
-    def depth(self):
-        return None
-
-    def depth_in_order(self):
-        return None
 
     def buffered(self) -> int:
         return self.client.buffered
