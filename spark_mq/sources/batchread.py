@@ -42,6 +42,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from spark_mq import schema as S
+from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 
@@ -250,9 +251,9 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
             new = [consumer.row(msg, len(rows) + i, now_us) for i, msg in enumerate(msgs)]
             if early:
                 for row in new:  # before this group's ack: the broker keeps it and what follows
-                    if len(row[0]) + _PARTITION_OVERHEAD > opts.maxTaskBytes:
+                    if len(row[BODY]) + _PARTITION_OVERHEAD > opts.maxTaskBytes:
                         raise OptionError(
-                            f"a message of {len(row[0])} bytes does not fit a task of 'maxTaskBytes' "
+                            f"a message of {len(row[BODY])} bytes does not fit a task of 'maxTaskBytes' "
                             f"({opts.maxTaskBytes}): a batch read without logLocation ships its messages inside "
                             f"the tasks. Give the read a 'logLocation', or raise maxTaskBytes (and Spark's "
                             f"spark.rpc.message.maxSize)")
@@ -264,7 +265,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         try:
             drain(consumer, opts, take, opts.maxMessages)
             batch = S.build_batch(fmt, rows)
-            n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
+            n = partition_count(len(rows), sum(len(row[BODY]) for row in rows), opts)
             parts = [MemoryPartition(i, data) for i, data in enumerate(split_for_tasks(batch, n, opts.maxTaskBytes))]
         except Exception as exc:
             if acked:
@@ -349,8 +350,9 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
                 rows = []
                 for msg in msgs:
                     row = consumer.row(msg, log_.head + len(rows), now_us)
-                    if row[5] and known:  # redelivered: already in the log?
-                        key = ("id", row[2]) if (stable and row[2] is not None) else content_identity(row[0], row[4])
+                    if row[REDELIVERED] and known:  # redelivered: already in the log?
+                        mid = row[MESSAGE_ID]
+                        key = ("id", mid) if (stable and mid is not None) else content_identity(row[BODY], row[HEADERS])
                         if key in known:
                             continue
                     rows.append(row)

@@ -24,6 +24,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
+from spark_mq.schema import BODY, DESTINATION, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
@@ -653,11 +654,11 @@ class Ingest:
             check_all = self.opts.dedupById or self._resend_window > 0
             for msg in msgs:
                 row = consumer.row(msg, offset, now_us)
-                redelivered = row[5]
+                redelivered = row[REDELIVERED]
                 if redelivered:
                     redeliveries += 1
-                stable = self._stable_id(row[2], row[4])
-                key = stable if stable is not None else content_identity(row[0], row[4])
+                stable = self._stable_id(row[MESSAGE_ID], row[HEADERS])
+                key = stable if stable is not None else content_identity(row[BODY], row[HEADERS])
                 # redeliveries are matched by stable id or content hash; first deliveries only by
                 # stable id, and only where check_all says so (two sends of one body are two messages)
                 if (redelivered or (check_all and stable is not None)) and (key in dedup or key in group):
@@ -721,7 +722,8 @@ class Ingest:
                 except Exception as exc:  # noqa: BLE001 - this value is the poison
                     raise PoisonDelivery(
                         f"column {field.name!r} cannot hold its value {_shown(value)} ({type(exc).__name__}: {exc})",
-                        msg=msg, message_id=row[2], destination=row[1], body=row[0], headers=row[4]) from exc
+                        msg=msg, message_id=row[MESSAGE_ID], destination=row[DESTINATION], body=row[BODY],
+                        headers=row[HEADERS]) from exc
         # not one message: retrying would take the same deliveries again and fail the same way (a
         # column past Arrow's 2 GiB bound): the query fails, naming it; nothing was acknowledged
         raise LogWriteError(f"{self.fmt} source: a group of {len(rows)} messages could not be added to the "
