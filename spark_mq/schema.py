@@ -32,8 +32,9 @@ from spark_mq.arrowcols import column
 from spark_mq.errors import SparkMqError
 
 __all__ = [
-    "CORE_COLUMNS", "SOURCE_COLUMNS", "ID_HEADER", "struct_of", "SchemaError", "source_schema", "source_ddl", "source_arrow_schema",
-    "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value", "row_bytes_function",
+    "CORE_COLUMNS", "SOURCE_COLUMNS", "COLUMN_INDEX", "BODY", "DESTINATION", "MESSAGE_ID", "TIMESTAMP", "HEADERS",
+    "REDELIVERED", "OFFSET", "ID_HEADER", "struct_of", "SchemaError", "source_schema", "source_ddl",
+    "source_arrow_schema", "to_arrow_schema", "build_batch", "project", "check_user_schema", "frames_value", "row_bytes_function",
 ]
 
 
@@ -105,6 +106,14 @@ _OWN_COLUMNS = {
 }
 
 SOURCE_COLUMNS = {fmt: CORE_COLUMNS + own for fmt, own in _OWN_COLUMNS.items()}
+
+#: a column's position in a format's row tuple: ``COLUMN_INDEX[fmt][name]``
+COLUMN_INDEX = {fmt: {name: i for i, (name, _) in enumerate(cols)} for fmt, cols in SOURCE_COLUMNS.items()}
+_CORE_INDEX = {name: i for i, (name, _) in enumerate(CORE_COLUMNS)}
+#: positions of the core columns, the same in every format's row tuple
+BODY, DESTINATION, MESSAGE_ID, TIMESTAMP, HEADERS, REDELIVERED, OFFSET = (
+    _CORE_INDEX[name]
+    for name in ("body", "destination", "message_id", "timestamp", "headers", "redelivered", "offset"))
 _ARROW_CACHE: dict = {}
 
 
@@ -150,12 +159,13 @@ def source_arrow_schema(fmt: str) -> pa.Schema:
 
 def row_bytes_function(fmt: str):
     """A function giving the bytes a row tuple (``SOURCE_COLUMNS[fmt]`` order) puts into binary
-    columns: its body, plus for Malamute the ``frames`` list (the last column; it repeats a
-    multi-frame message's body). What bounds one appended batch below Arrow's 2 GiB per column."""
+    columns: its body, plus for Malamute the ``frames`` list (it repeats a multi-frame message's
+    body). What bounds one appended batch below Arrow's 2 GiB per column."""
     _check_format(fmt)
-    if SOURCE_COLUMNS[fmt][-1] == ("frames", "array<binary>"):
-        return lambda row: len(row[0]) + (sum(map(len, row[-1])) if row[-1] else 0)
-    return lambda row: len(row[0])
+    body, frames = BODY, COLUMN_INDEX[fmt].get("frames")
+    if frames is not None:
+        return lambda row: len(row[body]) + (sum(map(len, row[frames])) if row[frames] else 0)
+    return lambda row: len(row[body])
 
 
 def frames_value(frames: list):

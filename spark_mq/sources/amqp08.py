@@ -25,6 +25,7 @@ from spark_mq.options import Options
 from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_amqp08
+from spark_mq.sources.consumer import Consumer
 
 __all__ = ["Amqp08DataSource", "Amqp08Consumer", "connect_consumer", "validate"]
 
@@ -58,8 +59,8 @@ def _text(value) -> str:
     return str(value)
 
 
-class Amqp08Consumer:
-    stable_ids = True
+class Amqp08Consumer(Consumer):
+    dead_letters = True
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
@@ -152,17 +153,10 @@ class Amqp08Consumer:
         self.ch.basic_ack(token, multiple=True)
         self.ch.tx_commit()
 
-    def pause(self) -> None:
-        # Nothing to send: the client stops reading at its bound and TCP holds the broker back, in
-        # every mode. (auto mode cancelled its consumer here until 2026-11-28: cancel-ok queues behind
-        # whatever the broker has already written, so the cancel pulled all of that into memory.)
-        return None
-
-    def resume(self) -> None:
-        return None
-
-    def keepalive(self) -> None:
-        return None  # the client's reader thread keeps the heartbeat
+    # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
+    # TCP holds the broker back, in every mode. (auto mode cancelled its consumer here until
+    # 2026-11-28: cancel-ok queues behind whatever the broker has already written, so the cancel
+    # pulled all of that into memory.) keepalive: the client's reader thread keeps the heartbeat.
 
     def depth(self):
         """The queue's depth for the figures. In ``auto`` mode it is asked on a connection of its own:

@@ -42,6 +42,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from spark_mq import schema as S
+from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 
@@ -105,10 +106,9 @@ class DrainEnd:
         """A poll returned ``msgs`` (not empty)."""
         self.count += len(msgs)
         self.last = time.monotonic()
-        stamp = getattr(self.consumer, "broker_stamp_ms", None)
-        if stamp is not None and self.reason is None:
+        if self.consumer.broker_stamps and self.reason is None:
             for msg in msgs:
-                ms = stamp(msg)
+                ms = self.consumer.broker_stamp_ms(msg)
                 if ms is not None and ms > self.started_ms:
                     self.reason = f"a message the broker stamped {ms - self.started_ms} ms after the start"
                     break
@@ -117,13 +117,10 @@ class DrainEnd:
         """Seconds without deliveries that count as silence: where the broker answers heartbeats,
         only up to its last answer."""
         now = time.monotonic()
-        heard_at = getattr(self.consumer, "heard_at", None)
+        heard_at = self.consumer.heard_at()
         if heard_at is not None:
-            now = min(now, heard_at())
-        last = self.last
-        active_at = getattr(self.consumer, "active_at", None)
-        if active_at is not None:
-            last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+            now = min(now, heard_at)
+        last = max(self.last, self.consumer.active_at() or self.last)  # bytes of a frame still arriving are not silence
         return now - last
 
     def over(self, empty: bool = True) -> bool:
@@ -181,7 +178,7 @@ def drain(consumer, opts: Options, take: Callable[[list], None], limit: int) -> 
             + (f"; option {exc.option!r} would let it through" if exc.option else "")) from exc
     if taken >= limit and end.reason is None:
         end.reason = f"maxMessages ({limit})"
-    if not getattr(consumer, "returns_unacked", True):
+    if not consumer.returns_unacked:
         while True:
             msgs = consumer.poll(opts.fsyncMessages, 0.05)
             if not msgs:
@@ -246,7 +243,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         # is acknowledged group by group: waiting for the build would end the drain at its page.
         # The cost: a read that fails after that (a message too large for a task, a lost connection,
         # a poison message, the planning process dying) loses what it acknowledged. The error says so.
-        early = acks and getattr(consumer, "acks_release_more", False)
+        early = acks and consumer.acks_release_more
         acked = 0
 
         def take(msgs: list) -> None:
@@ -254,9 +251,9 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
             new = [consumer.row(msg, len(rows) + i, now_us) for i, msg in enumerate(msgs)]
             if early:
                 for row in new:  # before this group's ack: the broker keeps it and what follows
-                    if len(row[0]) + _PARTITION_OVERHEAD > opts.maxTaskBytes:
+                    if len(row[BODY]) + _PARTITION_OVERHEAD > opts.maxTaskBytes:
                         raise OptionError(
-                            f"a message of {len(row[0])} bytes does not fit a task of 'maxTaskBytes' "
+                            f"a message of {len(row[BODY])} bytes does not fit a task of 'maxTaskBytes' "
                             f"({opts.maxTaskBytes}): a batch read without logLocation ships its messages inside "
                             f"the tasks. Give the read a 'logLocation', or raise maxTaskBytes (and Spark's "
                             f"spark.rpc.message.maxSize)")
@@ -268,7 +265,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         try:
             drain(consumer, opts, take, opts.maxMessages)
             batch = S.build_batch(fmt, rows)
-            n = partition_count(len(rows), sum(len(row[0]) for row in rows), opts)
+            n = partition_count(len(rows), sum(len(row[BODY]) for row in rows), opts)
             parts = [MemoryPartition(i, data) for i, data in enumerate(split_for_tasks(batch, n, opts.maxTaskBytes))]
         except Exception as exc:
             if acked:
@@ -345,7 +342,7 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
         opts = _batch_ack_mode(opts)
         consumer = connector(opts, 0)
         try:
-            stable = getattr(consumer, "stable_ids", True)
+            stable = consumer.stable_ids
             acks = opts.get("ackMode", "durable") != "auto"
             now_us = int(time.time() * 1_000_000)
 
@@ -353,8 +350,9 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
                 rows = []
                 for msg in msgs:
                     row = consumer.row(msg, log_.head + len(rows), now_us)
-                    if row[5] and known:  # redelivered: already in the log?
-                        key = ("id", row[2]) if (stable and row[2] is not None) else content_identity(row[0], row[4])
+                    if row[REDELIVERED] and known:  # redelivered: already in the log?
+                        mid = row[MESSAGE_ID]
+                        key = ("id", mid) if (stable and mid is not None) else content_identity(row[BODY], row[HEADERS])
                         if key in known:
                             continue
                     rows.append(row)

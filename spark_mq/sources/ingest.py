@@ -10,33 +10,8 @@ broker did), dropping redeliveries
 already in the log, pausing while the unprocessed log is over its bounds, the availableNow target,
 and the backlog figures. Runs in the driver-side reader process only, started lazily by the stream
 reader.
-Not responsible for protocol details (``Consumer`` implementations in the per-format modules) or
-for Spark's API (``spark_mq.sources.base``).
-
-A ``Consumer`` is one live connection with a subscription; it raises ``SparkMqError``/``OSError``
-when the connection fails, and the loop replaces it. Its interface::
-
-    poll(max_count, timeout) -> list        raw messages (waits up to timeout for the first, then
-                                             gathers for up to timeout in total)
-    row(msg, offset, now_us) -> tuple        the message in schema column order
-    poll_batch(max_count, timeout, offset)   optional, for a consumer with no acks and no redeliveries
-        -> (count, RecordBatch | None)       (Malamute): ``poll`` with the group's record batch built
-                                             by the consumer, offsets from ``offset``; used instead
-                                             of ``poll`` and ``row`` where present
-    stable_ids: bool                         message ids identify a message across sessions (else: content)
-    ack(msgs)                                durable: acknowledge these (after the fsync)
-    ack_commit(token)                        commit: cumulative ack of ``token`` inside a transaction
-    token(msg)                               what ack_commit needs for ``msg``
-    pause() / resume()                       stop / restart deliveries where the client's own bound
-                                             does not (every consumer here: each client stops reading
-                                             its socket at its bound, so these do nothing)
-    keepalive()                              called every ``_PAUSE_CHECK`` while paused: a client
-                                             driven by the ingest's own calls keeps its heartbeat
-    depth() -> int | None                    messages ready in the broker (None: cannot tell)
-    depth_in_order() -> int | None           the same, answered after every delivery sent before it
-    buffered() -> int                        messages received by the client, not yet polled
-                                             (figure ``clientBuffered``)
-    close()
+Not responsible for protocol details (the per-format ``Consumer`` subclasses; the contract is
+``spark_mq.sources.consumer.Consumer``) or for Spark's API (``spark_mq.sources.base``).
 """
 
 from __future__ import annotations
@@ -49,6 +24,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
+from spark_mq.schema import BODY, DESTINATION, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
@@ -506,7 +482,7 @@ class Ingest:
                     # a new subscription consumes: pausing at the log bound starts over with it
                     # (a pause of the lost one, or one that failed with it, says nothing of this one)
                     self.paused = False
-                    self._stable_ids = getattr(consumer, "stable_ids", True)
+                    self._stable_ids = consumer.stable_ids
                     # A new session after a lost one, or the first of a restarted query: the broker
                     # may send again messages whose acks it lost, without marking them redelivered
                     # (ActiveMQ after a broker restart). At most a prefetch of them comes first:
@@ -627,10 +603,9 @@ class Ingest:
         # serves no acks). A wait here is counted: the broker's deliveries queue meanwhile.
         self._settle(keep=self._unsynced_groups, counted=True)
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
-        poll_batch = getattr(consumer, "poll_batch", None)
-        if poll_batch is not None:  # the consumer builds the group's batch itself (Malamute: no acks)
+        if consumer.builds_batches:  # the consumer builds the group's batch itself (Malamute: no acks)
             started = time.monotonic()
-            count, batch = poll_batch(self._group_count, wait, self.log.head)
+            count, batch = consumer.poll_batch(self._group_count, wait, self.log.head)
             if not count:
                 self._nothing_came(consumer, started, wait)
                 return
@@ -679,11 +654,11 @@ class Ingest:
             check_all = self.opts.dedupById or self._resend_window > 0
             for msg in msgs:
                 row = consumer.row(msg, offset, now_us)
-                redelivered = row[5]
+                redelivered = row[REDELIVERED]
                 if redelivered:
                     redeliveries += 1
-                stable = self._stable_id(row[2], row[4])
-                key = stable if stable is not None else content_identity(row[0], row[4])
+                stable = self._stable_id(row[MESSAGE_ID], row[HEADERS])
+                key = stable if stable is not None else content_identity(row[BODY], row[HEADERS])
                 # redeliveries are matched by stable id or content hash; first deliveries only by
                 # stable id, and only where check_all says so (two sends of one body are two messages)
                 if (redelivered or (check_all and stable is not None)) and (key in dedup or key in group):
@@ -747,7 +722,8 @@ class Ingest:
                 except Exception as exc:  # noqa: BLE001 - this value is the poison
                     raise PoisonDelivery(
                         f"column {field.name!r} cannot hold its value {_shown(value)} ({type(exc).__name__}: {exc})",
-                        msg=msg, message_id=row[2], destination=row[1], body=row[0], headers=row[4]) from exc
+                        msg=msg, message_id=row[MESSAGE_ID], destination=row[DESTINATION], body=row[BODY],
+                        headers=row[HEADERS]) from exc
         # not one message: retrying would take the same deliveries again and fail the same way (a
         # column past Arrow's 2 GiB bound): the query fails, naming it; nothing was acknowledged
         raise LogWriteError(f"{self.fmt} source: a group of {len(rows)} messages could not be added to the "
@@ -779,8 +755,7 @@ class Ingest:
                         self.fmt, what, count, limit, poison.reason)
             raise poison
         policy = self.opts.poisonMessages
-        dead_letter = getattr(consumer, "dead_letter", None)
-        if policy == "deadletter" and poison.held and dead_letter is not None:
+        if policy == "deadletter" and poison.held and consumer.dead_letters:
             i = next(i for i, m in enumerate(msgs) if m is poison.msg)
             if i:
                 self._take(consumer, msgs[:i])
@@ -789,7 +764,7 @@ class Ingest:
             self._settle(keep=0)
             reason = f"failed {count} sessions of spark-mq's {self.fmt} source: {poison.reason}"
             with self._consumer_lock:
-                later = dead_letter(poison.msg, reason, count)
+                later = consumer.dead_letter(poison.msg, reason, count)
                 if later is not None:  # commit mode, cumulative acks: with the commit past it
                     self._pending_acks.append((self.log.head, self._generation, consumer.token(later)))
             # its count stays: should the reject or ACK be lost with the connection, its redelivery
@@ -993,9 +968,9 @@ class Ingest:
         first message stamped after the run began was not available at its start, and neither is
         anything after it (a queue delivers in order). The target is fixed just below it; it and
         what follows stay in the log for the next run."""
-        stamp = getattr(consumer, "broker_stamp_ms", None)
-        if stamp is None:
+        if not consumer.broker_stamps:
             return
+        stamp = consumer.broker_stamp_ms
         began = self._an_began_ms
         for offset, msg in kept:
             if offset is None:
@@ -1017,12 +992,10 @@ class Ingest:
         last came (STOMP), from then: a large frame still arriving is not silence."""
         last = self.last_message
         try:
-            heard_at = getattr(consumer, "heard_at", None)
+            heard_at = consumer.heard_at()
             if heard_at is not None:
-                now = min(now, heard_at())
-            active_at = getattr(consumer, "active_at", None)
-            if active_at is not None:
-                last = max(last, active_at() or last)  # bytes of a frame still arriving are not silence
+                now = min(now, heard_at)
+            last = max(last, consumer.active_at() or last)  # bytes of a frame still arriving are not silence
         except Exception:  # noqa: BLE001 - a closed client: plain silence
             pass
         return now - last

@@ -36,6 +36,7 @@ from spark_mq.options import Options
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.base import MQDataSource
 from spark_mq.sources.connect import connect_malamute
+from spark_mq.sources.consumer import Consumer
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
 
@@ -56,9 +57,12 @@ def validate(opts: Options) -> None:
         raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
 
 
-class MalamuteConsumer:
+class MalamuteConsumer(Consumer):
+    """No acknowledgements, no pause message, no queue depth: the base's no-ops and None serve."""
+
     stable_ids = False  # no redeliveries in Malamute; trackers are not unique
     returns_unacked = False  # closing loses what the client holds: batch reads take it all
+    builds_batches = True
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
@@ -146,21 +150,6 @@ class MalamuteConsumer:
         return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
                 msg.sender, msg.address, msg.subject, tracker, S.frames_value(frames))
 
-    def ack(self, msgs: list) -> None:
-        return None
-
-    def token(self, msg):
-        return None
-
-    def ack_commit(self, token) -> None:
-        return None
-
-    def pause(self) -> None:
-        return None
-
-    def resume(self) -> None:
-        return None
-
     def keepalive(self) -> None:
         self.client.keepalive()
 
@@ -169,12 +158,6 @@ class MalamuteConsumer:
         and the broker answers, so silence from a broker that is there but stopped sending (paused,
         stalled) is told from an empty mailbox."""
         return self.client.heard_at
-
-    def depth(self):
-        return None
-
-    def depth_in_order(self):
-        return None
 
     def buffered(self) -> int:
         return self.client.buffered
@@ -210,40 +193,38 @@ def deliveries_batch(taken, destination: str, offset: int, now_us: int) -> pa.Re
     header (one dict for all), whose columns are then constants."""
     n = len(taken)
     schema = S.source_arrow_schema("malamute")
-    types = schema.types
+    types = dict(zip(schema.names, schema.types))
     fields = taken.fields
     if fields.count(fields[0]) == n:  # the same dict in every item: an identity test per item, in C
         one = fields[0]
 
-        def header_col(get, type_):
-            return _constant(get(one), n, type_)
+        def header_col(get, name):
+            return _constant(get(one), n, types[name])
     else:
-        def header_col(get, type_):
-            return A.column([get(f) for f in fields], type_)
-    header_cols = [header_col(lambda f: f.get("tracker") or None, types[2])] + \
-        [header_col(itemgetter(k), types[c]) for k, c in (("sender", 7), ("address", 8), ("subject", 9))] + \
-        [header_col(lambda f: f.get("tracker") or "", types[10])]
+        def header_col(get, name):
+            return A.column([get(f) for f in fields], types[name])
     body = taken.body
-    bodies = A.binary_ends(memoryview(body.data)[taken.start:body.fill], taken.ends, taken.start, types[0])
     if taken.frames:  # some with other than one content frame: the frames column too
         listed = [None] * n
         for i, frames in taken.frames.items():
             listed[i] = frames
-        frames_col = A.column(listed, types[11])
+        frames_col = A.column(listed, types["frames"])
     else:
-        frames_col = _constant(None, n, types[11])
-    arrays = [
-        bodies,
-        _constant(destination, n, types[1]),
-        header_cols[0],
-        A.repeated(now_us, n, types[3]),
-        _constant(None, n, types[4]),
-        _constant(False, n, types[5]),
-        pa.Array.from_buffers(types[6], n, [None, pa.py_buffer(np.arange(offset, offset + n, dtype=np.int64))]),
-        *header_cols[1:],
-        frames_col,
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        frames_col = _constant(None, n, types["frames"])
+    columns = {
+        "body": A.binary_ends(memoryview(body.data)[taken.start:body.fill], taken.ends, taken.start, types["body"]),
+        "destination": _constant(destination, n, types["destination"]),
+        "message_id": header_col(lambda f: f.get("tracker") or None, "message_id"),
+        "timestamp": A.repeated(now_us, n, types["timestamp"]),
+        "headers": _constant(None, n, types["headers"]),
+        "redelivered": _constant(False, n, types["redelivered"]),
+        "offset": pa.Array.from_buffers(types["offset"], n,
+                                        [None, pa.py_buffer(np.arange(offset, offset + n, dtype=np.int64))]),
+        **{k: header_col(itemgetter(k), k) for k in ("sender", "address", "subject")},
+        "tracker": header_col(lambda f: f.get("tracker") or "", "tracker"),
+        "frames": frames_col,
+    }
+    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
 def connect_consumer(opts: Options, attempt: int = 0) -> MalamuteConsumer:

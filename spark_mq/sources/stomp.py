@@ -27,6 +27,7 @@ from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, gather, prefetch_of
 from spark_mq.sources.connect import connect_stomp
+from spark_mq.sources.consumer import Consumer
 
 __all__ = ["StompDataSource", "StompConsumer", "connect_consumer", "validate"]
 
@@ -54,7 +55,9 @@ def _int(value):
         return None
 
 
-class StompConsumer:
+class StompConsumer(Consumer):
+    dead_letters = True
+
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
         self.destination = opts.destination
@@ -162,17 +165,10 @@ class StompConsumer:
         self.client.ack(frame, transaction=tx)
         self.client.commit(tx)
 
-    def pause(self) -> None:
-        # Nothing to send: the client stops reading at its bound and TCP holds the broker back, in
-        # every mode. (auto mode unsubscribed here until 2026-11-28: the RECEIPT queues behind whatever
-        # the broker has already written, so the UNSUBSCRIBE pulled all of that into memory.)
-        return None
-
-    def resume(self) -> None:
-        return None
-
-    def keepalive(self) -> None:
-        return None  # the client's reader thread keeps the heartbeat
+    # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
+    # TCP holds the broker back, in every mode. (auto mode unsubscribed here until 2026-11-28: the
+    # RECEIPT queues behind whatever the broker has already written, so the UNSUBSCRIBE pulled all of
+    # that into memory.) keepalive: the client's reader thread keeps the heartbeat.
 
     def broker_stamp_ms(self, frame) -> Optional[int]:
         """When the message was sent (ms since the epoch), where the broker says so: ActiveMQ
@@ -187,11 +183,7 @@ class StompConsumer:
         ActiveMQ batch read with a 5 MB message on a busy machine ended early at the quiet period)."""
         return self.client.received_at
 
-    def depth(self):
-        return None
-
-    def depth_in_order(self):
-        return None
+    # depth, depth_in_order: unknown in STOMP (the base's None)
 
     def buffered(self) -> int:
         return self.client.pending_messages

@@ -17,11 +17,12 @@ from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import SOURCE, parse_options
 from spark_mq.sources.base import MQBatchReader, MemoryPartition, read_partition
+from spark_mq.sources.consumer import Consumer
 
 MiB = 1 << 20
 
 
-class _Queue:
+class _Queue(Consumer):
     """``count`` deliveries of ``size``-byte bodies, handed out as a STOMP consumer would."""
 
     def __init__(self, count: int, size: int) -> None:
@@ -40,6 +41,9 @@ class _Queue:
 
     def ack(self, msgs: list) -> None:
         self.acked += len(msgs)
+
+    def buffered(self) -> int:
+        return 0
 
     def close(self) -> None:
         self.closed = True

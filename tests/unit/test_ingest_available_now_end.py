@@ -9,6 +9,8 @@ import time
 from spark_mq.options import SOURCE, parse_options
 from spark_mq.sources.ingest import Ingest
 
+from .test_ingest_groups import _Stub
+
 
 def _ingest(tmp_path, fmt="malamute", **extra):
     base = {"uri": "tcp://127.0.0.1:1", "mailbox": "m"} if fmt == "malamute" else \
@@ -21,7 +23,7 @@ def _ingest(tmp_path, fmt="malamute", **extra):
     return ing
 
 
-class _Consumer:
+class _Consumer(_Stub):
     """Malamute-shaped deliveries ``(body, stamp_ms)``, handed out once."""
 
     def __init__(self, msgs):
@@ -34,12 +36,6 @@ class _Consumer:
 
     def row(self, msg, offset, now_us):
         return (msg[0], "m", None, now_us, None, False, offset, "s", "m", "subj", "", None)
-
-    def ack(self, msgs):
-        pass
-
-    def keepalive(self):
-        pass
 
     def buffered(self):
         return 0

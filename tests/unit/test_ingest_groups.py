@@ -8,6 +8,7 @@ import time
 import pytest
 
 from spark_mq.options import SOURCE, parse_options
+from spark_mq.sources.consumer import Consumer
 from spark_mq.sources.ingest import Ingest
 
 
@@ -48,7 +49,17 @@ def test_groups_stay_within_half_the_prefetch_with_acks(tmp_path):
     ing.log.close()
 
 
-class _FakeConsumer:
+class _Stub(Consumer):
+    """A stand-in connection: holds nothing, closes at once (the base does the rest)."""
+
+    def buffered(self):
+        return 0
+
+    def close(self):
+        pass
+
+
+class _FakeConsumer(_Stub):
     """Hands out the given bodies once as Malamute deliveries (a unit test of the group's append)."""
 
     def __init__(self, bodies, frames_of=lambda i: None):
@@ -61,12 +72,6 @@ class _FakeConsumer:
     def row(self, msg, offset, now_us):
         i, body = msg
         return (body, "m", None, now_us, None, False, offset, "s", "m", "subj", "", self.frames_of(i))
-
-    def ack(self, msgs):
-        pass
-
-    def keepalive(self):
-        pass
 
 
 def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monkeypatch):
@@ -357,6 +362,8 @@ def test_a_consumer_that_builds_its_batch_is_appended_whole_from_the_log_head(tm
     asked = []
 
     class Columnar(_FakeConsumer):
+        builds_batches = True
+
         def __init__(self, groups):
             super().__init__([])
             self.groups = groups
@@ -669,7 +676,7 @@ def test_dedup_identities_stay_bounded_when_a_body_recurs(tmp_path):
     ing.log.close()
 
 
-class _FakeAmqpConsumer:
+class _FakeAmqpConsumer(_Stub):
     """AMQP-like deliveries with message ids, redelivered the second time they are handed out."""
 
     def __init__(self, ids):
@@ -685,12 +692,6 @@ class _FakeAmqpConsumer:
         row = [None] * len(S.SOURCE_COLUMNS["amqp08"])
         row[0], row[2], row[4], row[5], row[6] = f"body-{mid}".encode(), mid, None, redelivered, offset
         return tuple(row)
-
-    def ack(self, msgs):
-        pass
-
-    def keepalive(self):
-        pass
 
 
 def test_a_group_that_cannot_be_built_fails_the_ingest_and_records_no_identity(tmp_path, monkeypatch):
@@ -730,6 +731,8 @@ def test_identities_of_a_group_are_recorded_once_it_is_in_the_log(tmp_path):
 
 class _PoisonConsumer(_FakeAmqpConsumer):
     """Deliveries 'a', 'bad', 'c' each session; 'bad' cannot be taken. Records what happens, in order."""
+
+    dead_letters = True
 
     def __init__(self, events, log_):
         super().__init__(["a", "bad", "c"])

@@ -12,10 +12,10 @@ import pytest
 from spark_mq.errors import ConnectionClosedError
 from spark_mq.options import SOURCE, parse_options
 
-from .test_ingest_groups import _ingest
+from .test_ingest_groups import _ingest, _Stub
 
 
-class Consumer:
+class Consumer(_Stub):
     """Malamute-shaped deliveries, once; records pause/resume/close; ``lose`` makes keepalive fail."""
 
     def __init__(self, bodies):
@@ -31,9 +31,6 @@ class Consumer:
     def row(self, msg, offset, now_us):
         _, body = msg
         return (body, "m", None, now_us, None, False, offset, "s", "m", "subj", "", None)
-
-    def ack(self, msgs):
-        pass
 
     def keepalive(self):
         if self.lose:

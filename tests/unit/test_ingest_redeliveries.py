@@ -10,10 +10,10 @@ import pytest
 
 from spark_mq.errors import ConnectionClosedError
 
-from .test_ingest_groups import _ingest
+from .test_ingest_groups import _ingest, _Stub
 
 
-class _Consumer:
+class _Consumer(_Stub):
     """AMQP-shaped deliveries without message ids: (body, redelivered) once each."""
 
     stable_ids = True
@@ -28,12 +28,6 @@ class _Consumer:
     def row(self, msg, offset, now_us):
         body, redelivered = msg
         return (body, "q", None, now_us, None, redelivered, offset, "", "q", 1) + (None,) * 11
-
-    def ack(self, msgs):
-        pass
-
-    def keepalive(self):
-        pass
 
 
 def test_content_identity_drops_redelivered_copies_and_keeps_new_equal_messages(tmp_path):
@@ -100,7 +94,7 @@ def test_a_poll_whose_connection_goes_while_gathering_hands_over_what_it_gathere
         stomp.poll(10, 1.0)
 
 
-class _StompConsumer:
+class _StompConsumer(_Stub):
     """STOMP-shaped deliveries on a broker whose message-ids change per session (RabbitMQ):
     (body, broker message-id, spark-mq-message-id header or None, redelivered)."""
 
@@ -118,14 +112,8 @@ class _StompConsumer:
         headers = [("message-id", mid)] + ([("spark-mq-message-id", sid)] if sid else [])
         return (body, "/queue/q", mid, now_us, headers, redelivered, offset) + (None,) * 6
 
-    def ack(self, msgs):
-        pass
-
     def token(self, msg):
         return msg
-
-    def keepalive(self):
-        pass
 
 
 def _stomp_ingest(tmp_path, **extra):
