@@ -8,7 +8,7 @@ warns; ``spark_mq.register(spark)`` raises the real error.
 """
 
 try:
-    from spark_mq.register import data_source_class as _load
+    from spark_mq.registration import data_source_class as _load
 
     DefaultSource = _load("amqp08")
     IMPORT_ERROR = None

@@ -29,7 +29,7 @@ import time
 import uuid
 
 from bench.bench_sources import _arg, amqp_preload, mlm_preload, stomp_preload
-from bench.common import harness, settle, write_results
+from bench.common import harness, settle, integration_module, write_results
 
 TARGET = 0.7
 N = 100_000
@@ -121,7 +121,7 @@ def main(argv: list[str]) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     brokers = harness()
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    BrokerProcess = integration_module("broker_process").BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
     mlm = BrokerProcess(client_timeout=60.0, args=("--max-queue", str(max(4 * n, 100_000))))

@@ -47,7 +47,7 @@ import time
 from collections import Counter
 
 from bench.bench_sources import _arg, only_formats, pairs, protocol_table
-from bench.common import ProcessCpu, harness, settle, write_results
+from bench.common import ProcessCpu, harness, settle, integration_module, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
 # was the shortest, at 5 to 10 times the start-up's share of a run)
@@ -283,7 +283,7 @@ def main(argv: list[str]) -> dict:
     variants = list(VARIANTS) + [v for v in extra if v not in VARIANTS]
     only = _arg(argv, "only", None, str)
     brokers = harness()
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    BrokerProcess = integration_module("broker_process").BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
     # no mailbox journal: with one (then compacted only at start-up) two runs failed after a few GB

@@ -21,9 +21,11 @@ import time
 
 import zmq
 
-from bench.common import write_results
-from spark_mq.malamute_broker.testing import BrokerProcess, free_tcp_port
+from bench.common import integration_module, write_results
 from spark_mq.protocol.malamute import codec
+
+_broker_process = integration_module("broker_process")  # tests/integration/broker_process.py
+BrokerProcess, free_tcp_port = _broker_process.BrokerProcess, _broker_process.free_tcp_port
 
 SIZES = {"100B": 100, "4KiB": 4096}
 COUNTS = {"100B": 200_000, "4KiB": 20_000}

@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import harness, measured, write_results
+from bench.common import harness, measured, integration_module, write_results
 
 DEFAULTS = {"n": 30000, "size": 100, "formats": "amqp08,stomp,malamute", "rounds": 1}
 QUERY_TIMEOUT = 300.0
@@ -134,9 +134,11 @@ def _best(row: dict, phase: str, n: int, seconds: float, delivered) -> None:
 def run(opts) -> dict:
     from pyspark.sql import functions as F
 
-    from spark_mq.malamute_broker.testing import BrokerProcess
     from spark_mq.sinks import commitlog
-    from spark_mq.sinks.testing import local_spark, run_available_now
+
+    BrokerProcess = integration_module("broker_process").BrokerProcess
+    sinktest = integration_module("sinktest")
+    local_spark, run_available_now = sinktest.local_spark, sinktest.run_available_now
 
     n, size = opts["n"], opts["size"]
     formats = opts["formats"].split(",")

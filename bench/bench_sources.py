@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional
 from spark_mq import schema as S
 from spark_mq.sourcelog import SEGMENT_PREFIX
 
-from bench.common import ProcessCpu, harness, settle, write_results
+from bench.common import ProcessCpu, harness, settle, integration_module, write_results
 
 SIZES = {"100B": 100, "4KiB": 4096}
 # A rate, not a start-up time: every query pays 1.5-2.5 s that do not depend on the count (about 1 s
@@ -343,7 +343,7 @@ def main(argv: list[str]) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     brokers = harness()
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    BrokerProcess = integration_module("broker_process").BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
     # mailboxes hold 100,000 messages by default (more are dropped, as Malamute's bounded queues do).

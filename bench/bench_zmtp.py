@@ -27,7 +27,7 @@ import time
 import zmq
 
 from bench.bench_sources import _arg, mlm_preload
-from bench.common import settle, write_results
+from bench.common import settle, integration_module, write_results
 
 SIZES = {"100B": 100, "4KiB": 4096}
 COUNTS = {"100B": 1_000_000, "4KiB": 300_000}
@@ -103,7 +103,7 @@ CLIENTS = {"zmtp": _drain_ours, "pyzmq": _drain_pyzmq, "zmtp_columns": _drain_co
 
 
 def main(argv: list[str]) -> dict:
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    BrokerProcess = integration_module("broker_process").BrokerProcess
 
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
     biggest = max(COUNTS.values())

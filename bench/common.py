@@ -48,9 +48,9 @@ def write_results(name: str, figures: dict, partial: bool = False) -> Path | Non
     return path
 
 
-def harness():
-    """The integration-test broker harness (tests/integration/brokers.py), for benchmarks that
-    start their own private brokers."""
+def integration_module(name: str):
+    """A module of tests/integration (not part of the package): ``brokers`` (the broker harness),
+    ``broker_process`` (the Malamute broker as a process), ``sinktest`` (local_spark and friends)."""
     import importlib
     import sys
     from pathlib import Path
@@ -58,7 +58,13 @@ def harness():
     here = str(Path(__file__).resolve().parent.parent / "tests" / "integration")
     if here not in sys.path:
         sys.path.insert(0, here)
-    return importlib.import_module("brokers")
+    return importlib.import_module(name)
+
+
+def harness():
+    """The integration-test broker harness (tests/integration/brokers.py), for benchmarks that
+    start their own private brokers."""
+    return integration_module("brokers")
 
 
 # -- CPU by process kind, from /proc ------------------------------------------------------------

@@ -18,7 +18,7 @@ and auto), malamute on the embedded broker (no acks). Per case:
   i-th share of the messages), each at a random moment up to ``--kill-window`` seconds later, about
   half of them aimed inside a batch (planned in the checkpoint's offsets log, not yet committed);
 - the broker is SIGKILLed and restarted ``--broker-restarts`` times while the query runs (the
-  private brokers of tests/integration/brokers.py and spark_mq.malamute_broker.testing);
+  private brokers of tests/integration/brokers.py and tests/integration/broker_process.py);
 - finally the query runs until every confirmed message is in the sink (or nothing new arrived for
   ``--idle`` seconds), then stops cleanly, and the case prints: sent, read (distinct), lost,
   duplicated (rows minus distinct), of which after a producer resend, kills (and how many of them
@@ -97,12 +97,12 @@ def all_cases() -> list[Case]:
 
 class MalamuteHandle:
     """The embedded Malamute broker as a process, with the mailbox journal on: the kill/restart
-    interface of brokers.Broker over spark_mq.malamute_broker.testing.BrokerProcess."""
+    interface of brokers.Broker over broker_process.BrokerProcess (tests/integration)."""
 
     kind = "malamute"
 
     def __init__(self, workdir: Path) -> None:
-        from spark_mq.malamute_broker.testing import BrokerProcess
+        from broker_process import BrokerProcess
 
         self._workdir = workdir
         (workdir / "mailboxes").mkdir(parents=True)

@@ -8,18 +8,26 @@ The package is layered (imports point down only):
 4. ``spark_mq.sources`` / ``spark_mq.sinks``: the Spark Python Data Source layer.
 """
 
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
 from spark_mq.errors import SparkMqError
 
 __all__ = ["SparkMqError", "register", "commit_batch_read"]
 __version__ = "0.1.0.dev0"
 
 
+def register(spark, formats: Optional[Iterable[str]] = None) -> list:
+    """Register the formats (default: all three) with ``spark``; returns the names registered.
+
+    See ``spark_mq.registration.register``, which this calls; importing spark_mq does not import pyspark."""
+    from spark_mq.registration import register as _register
+
+    return _register(spark, formats)
+
+
 def __getattr__(name: str):
-    # ``spark_mq.register(spark)`` without importing pyspark when ``import spark_mq`` runs: the
-    # module spark_mq.register is callable (see there) and is loaded on first use.
-    if name == "register":
-        import importlib
-        return importlib.import_module("spark_mq.register")
     if name == "commit_batch_read":  # batch reads with logLocation: see spark_mq.sources.batchread
         from spark_mq.sources.batchread import commit_batch_read
         return commit_batch_read

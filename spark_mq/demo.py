@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from spark_mq.register import REDACTION_CONF, SPARK_DEFAULT_REDACTION, with_uri_redaction
+from spark_mq.registration import REDACTION_CONF, SPARK_DEFAULT_REDACTION, with_uri_redaction
 
 __all__ = ["main", "Tally", "make_order", "REGIONS", "PRODUCTS", "EOS_REGION"]
 

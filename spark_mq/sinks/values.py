@@ -28,10 +28,6 @@ class SinkDataError(SparkMqError, ValueError):
     """A row holds a value the broker protocol cannot carry (the task fails; its transaction rolls back)."""
 
 
-def _column(batch: pa.RecordBatch, index: Optional[int]):
-    return None if index is None else batch.column(index)
-
-
 def bodies(array: pa.Array) -> list:
     """Bytes bodies; strings are UTF-8 encoded and nulls become empty bodies."""
     values = array.to_pylist()

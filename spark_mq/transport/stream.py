@@ -28,7 +28,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from spark_mq.errors import ConnectionClosedError
 
@@ -175,9 +175,6 @@ class StreamDriver:
     def resume_reading(self) -> None:
         """Wake a reader that waits for ``may_read`` (harmless when it does not)."""
         self._wake.set()
-
-    def sendmany(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
-        self.send(b"".join(chunks))
 
     def close(self) -> None:
         """Close the socket locally; ``on_closed(None)`` runs once."""

@@ -850,7 +850,7 @@ def activemq_from_environment_or_start() -> Broker:
 def malamute_running(**kwargs):
     """The embedded Malamute broker as a process of its own on a free TCP port, for the block
     (``BrokerProcess`` keyword arguments: client_timeout, mailbox_dir, args ...)."""
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    from broker_process import BrokerProcess
 
     broker = BrokerProcess(**kwargs)
     try:

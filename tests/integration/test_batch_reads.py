@@ -24,7 +24,7 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.clients.stomp import StompClient
-from spark_mq.sinks.testing import run_available_now
+from sinktest import run_available_now
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ import spark_mq
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.clients.stomp import StompClient
-from spark_mq.sinks.testing import local_spark, run_available_now
+from sinktest import local_spark, run_available_now
 
 pytestmark = pytest.mark.integration
 

@@ -30,6 +30,8 @@ import pyspark
 PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = PYSPARK_HOME / "bin" / "spark-class"
 SPARK_SUBMIT = PYSPARK_HOME / "bin" / "spark-submit"
+#: the job scripts' test helper (stream_round_trip), not part of the package: shipped with --py-files
+BROKER_PROCESS = Path(__file__).resolve().parent / "broker_process.py"
 START_TIMEOUT = 180
 JOB_TIMEOUT = 400
 
@@ -138,7 +140,7 @@ def run_pipeline(spark, shared_dir, report, n=40, partitions=2):
              .writeStream.format("malamute").option("uri", endpoint).option("stream", "out")
              .option("checkpointLocation", os.path.join(shared_dir, "checkpoint"))
              .trigger(processingTime="1 second").start())
-    from spark_mq.malamute_broker.testing import stream_round_trip
+    from broker_process import stream_round_trip
     report.update(stream_round_trip(endpoint, consumer, query, n, first_wait=240))
     report["batches"] = len(query.recentProgress)
     deadline = time.monotonic() + 15
@@ -200,7 +202,7 @@ def test_standalone_cluster_two_workers(tmp_path, daemons):
     report = _run_job([SPARK_SUBMIT, "--master", url, "--conf", "spark.ui.enabled=false",
                        "--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2",
                        "--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.pyspark.python={sys.executable}",
-                       job, shared], env, tmp_path, "spark-submit to the standalone cluster")
+                       "--py-files", BROKER_PROCESS, job, shared], env, tmp_path, "spark-submit to the standalone cluster")
     assert report["master"] == url
     assert report["executors"] == 2
     # two executor JVMs, each with its own Python worker daemon
@@ -253,7 +255,10 @@ def test_spark_connect_server_and_client(tmp_path, daemons):
     shared.mkdir()
     client = tmp_path / "client.py"
     client.write_text(CONNECT_CLIENT)
-    report = _run_job([sys.executable, client, shared, f"sc://127.0.0.1:{port}"], env, tmp_path,
+    # a plain Python client: its test helper (stream_round_trip) comes from PYTHONPATH
+    client_env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(BROKER_PROCESS.parent), env.get("PYTHONPATH"))
+                                                       if p))
+    report = _run_job([sys.executable, client, shared, f"sc://127.0.0.1:{port}"], client_env, tmp_path,
                       "the Spark Connect client")
     assert report["connect"].startswith("pyspark.sql.connect")
     assert report["registered"] == ["amqp08", "stomp", "malamute"]

@@ -17,7 +17,7 @@ import zmq
 
 from spark_mq.clients.malamute import MalamuteClient, MalamuteReceiver
 from spark_mq.errors import LocalProtocolError
-from spark_mq.malamute_broker.testing import BrokerProcess, free_tcp_port
+from broker_process import BrokerProcess, free_tcp_port
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.malamute.errors import MalamuteBrokerError
 
@@ -58,7 +58,7 @@ def recv_all(client: MalamuteClient, count: int, timeout: float = RECV) -> list:
 
 
 def test_connect_timeout_when_nothing_listens():
-    from spark_mq.malamute_broker.testing import free_tcp_port
+    from broker_process import free_tcp_port
     start = time.monotonic()
     with pytest.raises(Exception):
         MalamuteClient(f"tcp://127.0.0.1:{free_tcp_port()}", "x", timeout=0.5)

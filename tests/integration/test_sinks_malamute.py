@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.sinks import commitlog
 from spark_mq.sinks.plan import COMMIT_LOG_DIR
-from spark_mq.sinks.testing import local_spark, run_available_now
+from sinktest import local_spark, run_available_now
 
 QUERY_TIMEOUT = 240.0
 READ_IDLE = 10.0

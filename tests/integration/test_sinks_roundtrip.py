@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 import spark_mq
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.sinks.options import MESSAGE_ID_HEADER
-from spark_mq.sinks.testing import local_spark, run_available_now
+from sinktest import local_spark, run_available_now
 
 N = 3_000
 QUERY_TIMEOUT = 240.0

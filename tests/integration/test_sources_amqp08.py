@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
-from spark_mq.sinks.testing import run_available_now as run_to_end
+from sinktest import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +317,7 @@ def test_declare_create_binds_with_queue_arguments_and_a_dead_first_host_is_skip
     """``declare=create``: the source declares its queue durable with ``queueArguments``, declares the
     exchange (``exchangeType``) and binds them with ``routingKey``; the ``uri`` list's first host
     refuses connections (nothing listens there), so the source connects through the second."""
-    from spark_mq.malamute_broker.testing import free_tcp_port
+    from broker_process import free_tcp_port
 
     url = rabbitmq.url("amqp")
     dead = f"amqp://guest:guest@127.0.0.1:{free_tcp_port()}/%2F"

@@ -489,7 +489,7 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
     import secrets
 
     import spark_mq
-    from spark_mq.register import REDACTION_CONF, SPARK_DEFAULT_REDACTION
+    from spark_mq.registration import REDACTION_CONF, SPARK_DEFAULT_REDACTION
 
     secret = "zq" + secrets.token_hex(8)
     bad = f"amqp://guest:{secret}@127.0.0.1:1/%2F"  # nothing listens on port 1

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spark_mq.clients.malamute import MalamuteClient
-from spark_mq.sinks.testing import run_available_now as run_to_end
+from sinktest import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -185,7 +185,7 @@ def test_a_lost_broker_fails_over_to_the_next_endpoint_then_times_out(tmp_path):
     gives a lost broker ``connectTimeout`` more, then its ingest tries the next endpoint of ``uri``,
     and once none answers for ``brokerTimeout`` it fails naming the outage. The ingest alone, against
     two real broker processes: kill the first, mail reaches the log through the second; kill that."""
-    from spark_mq.malamute_broker.testing import BrokerProcess
+    from broker_process import BrokerProcess
     from spark_mq.options import SOURCE, parse_options
     from spark_mq.sources.ingest import BrokerUnavailableError, Ingest
     from spark_mq.sources.malamute import connect_consumer

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spark_mq.clients.stomp import StompClient
-from spark_mq.sinks.testing import run_available_now as run_to_end
+from sinktest import run_available_now as run_to_end
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import zmq
 
-from spark_mq.malamute_broker.testing import free_tcp_port
+from broker_process import free_tcp_port
 from spark_mq.transport.zmtp import State, ZmtpDealer
 
 pytestmark = pytest.mark.integration

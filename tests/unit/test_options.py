@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -257,7 +260,7 @@ def test_a_uri_of_another_format_fails_at_load(fmt, options):
     and retried it as an outage until ``brokerTimeout``. The password stays out of the message."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from spark_mq.register import data_source_class
+    from spark_mq.registration import data_source_class
 
     cls = data_source_class(fmt)
     with pytest.raises(OptionError, match="option 'uri'") as exc:
@@ -290,7 +293,7 @@ def test_registering_hides_uri_options_in_plans_once():
     shows it in a real session), keeps what was there, and adds it only once."""
     from types import SimpleNamespace
 
-    from spark_mq.register import REDACTION_CONF, redact_uri_options
+    from spark_mq.registration import REDACTION_CONF, redact_uri_options
 
     spark = SimpleNamespace(conf=_Conf({REDACTION_CONF: "(?i)url"}))
     regex = redact_uri_options(spark)
@@ -298,3 +301,31 @@ def test_registering_hides_uri_options_in_plans_once():
     assert redact_uri_options(spark) is None and spark.conf.values[REDACTION_CONF] == regex
     locked = SimpleNamespace(conf=_Conf({REDACTION_CONF: "(?i)url"}, locked=True))
     assert redact_uri_options(locked) is None  # a session that refuses the setting still registers
+
+
+class _DataSources:
+    def __init__(self):
+        self.registered = []
+
+    def register(self, cls):
+        self.registered.append(cls.name())
+
+
+def test_register_is_a_plain_function_of_the_package():
+    """``spark_mq.register(spark)`` is a function of the package, also after ``spark_mq.registration``
+    (which holds the work) was imported; importing spark_mq alone does not import pyspark."""
+    import types
+    from types import SimpleNamespace
+
+    script = "import sys, spark_mq; print('pyspark' in sys.modules, type(spark_mq.register).__name__)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout.split()
+    assert out == ["False", "function"]
+
+    import spark_mq
+    import spark_mq.registration
+
+    assert isinstance(spark_mq.register, types.FunctionType)
+    spark = SimpleNamespace(dataSource=_DataSources(), conf=_Conf({}, locked=True))
+    assert spark_mq.register(spark, ["malamute"]) == ["malamute"]
+    assert spark.dataSource.registered == ["malamute"]

@@ -38,6 +38,26 @@ def test_transport_does_not_import_clients_or_spark():
             assert upper not in text, f"{path.relative_to(ROOT)} mentions {upper}"
 
 
+TEST_HELPERS = {"sinktest", "broker_process"}  # tests/integration modules that tests, bench and soak import
+
+
+def test_no_test_helper_ships_in_the_package():
+    """The wheel (packages spark_mq*) and the --py-files zip (spark_mq/**/*.py) take the spark_mq tree:
+    no ``testing`` module there, and nothing there imports the test helpers of tests/integration."""
+    for path in (ROOT / "spark_mq").rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        assert path.stem not in {"testing", "tests", "conftest"} | TEST_HELPERS, f"{rel} is a test module in the package"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in TEST_HELPERS | {"tests", "brokers"}, f"{rel} imports the test helper {name}"
+                assert not name.endswith(".testing"), f"{rel} imports {name}"
+    for helper in TEST_HELPERS:
+        assert (ROOT / "tests" / "integration" / f"{helper}.py").is_file()
+
+
 def test_ci_runs_exactly_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")

@@ -272,6 +272,3 @@ class Properties:
         args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS if getattr(self, f) is not None)
         return f"<{type(self).__name__}({args})>"
 
-    def to_dict(self) -> dict:
-        """The present properties as a dict."""
-        return {f: getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from struct import Struct
 from struct import error as StructError
-from typing import Iterator, Optional
+from typing import Iterator
 
 from spark_mq.errors import RemoteProtocolError
 from spark_mq.protocol.amqp08.codec import Method
@@ -135,10 +135,3 @@ class FrameReader:
 
     def feed(self, data) -> Iterator[tuple[int, int, bytes]]:
         return iter(self.feed_all(data))
-
-
-def peek_protocol_header(data: bytes) -> Optional[bytes]:
-    """If a server answered our header with its own (version mismatch), return it."""
-    if data[:4] == b"AMQP" and len(data) >= 8:
-        return bytes(data[:8])
-    return None

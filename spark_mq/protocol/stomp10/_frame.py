@@ -44,10 +44,6 @@ class Frame:
     def subscription(self) -> Optional[str]:
         return self.headers.get(Header.SUBSCRIPTION)
 
-    @property
-    def receipt_id(self) -> Optional[str]:
-        return self.headers.get(Header.RECEIPT_ID)
-
     def to_error(self) -> StompError:
         """An ERROR frame as the exception the client raises."""
         return StompError(self.headers.get(Header.MESSAGE, ""), self.body, self.headers)

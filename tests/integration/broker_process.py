@@ -1,4 +1,8 @@
-"""Run the broker as a separate process for tests and demos: start, kill -9, restart on the same port.
+"""Run the Malamute broker as a separate process for tests and benchmarks: start, kill -9, restart on the same port.
+
+Not part of the package: the integration tests import it as ``broker_process`` (tests/integration is
+on their sys.path), scripts/soak.py and the benchmarks put that directory on sys.path, and a job
+script run by spark-submit that calls ``stream_round_trip`` gets this file with ``--py-files``.
 
 ``BrokerProcess().start()`` launches ``python -m spark_mq.malamute_broker`` on a free loopback TCP
 port, waits for its ``ready`` line (bounded), and exposes ``endpoint``. ``kill()`` sends SIGKILL

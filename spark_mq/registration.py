@@ -11,9 +11,8 @@ which use ``data_source_class``).
     spark_mq.register(spark)                  # all three formats
     spark_mq.register(spark, ["malamute"])    # or some
 
-``spark_mq.register`` is both this module and the function: the module object is callable, so the
-call works whichever of ``import spark_mq.register`` or ``spark_mq.register(...)`` happened first.
-Importing this module does not import pyspark.
+``spark_mq.register`` is a plain function of the package (``spark_mq/__init__.py``) that imports this
+module when called. Importing this module does not import pyspark.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-import sys
-import types
 from typing import Iterable, Optional
 
 __all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_streaming_sources",
@@ -141,13 +138,3 @@ def expose_py_files_to_streaming_sources(spark) -> list:
             shutil.copy2(src, dst)
         linked.append(name)
     return linked
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``spark_mq.register(spark)`` work after ``import spark_mq.register`` bound the module there."""
-
-    def __call__(self, spark, formats: Optional[Iterable[str]] = None) -> list:
-        return register(spark, formats)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -6,7 +6,9 @@ Responsible for: ``SinkOnlyAmqp08`` / ``SinkOnlyStomp`` / ``SinkOnlyMalamute`` (
 and ``FaultySink`` (format ``sinktest_faulty``), which wraps a real sink writer and makes the input
 of one partition fail after a number of rows, once per marker file: a task failure in the middle of
 a partition, after part of it was published inside the open transaction.
-Not for production use; nothing in the package imports this module.
+Not part of the package (it lives with the integration tests, which import it as ``sinktest``; the
+benchmarks put tests/integration on sys.path for it). Its classes reach Spark's Python processes by
+value (``register_all``), so those need not be able to import it.
 
 FaultySink options: ``fault.format`` (amqp08, stomp or malamute), ``fault.partition`` (default 0),
 ``fault.afterRows`` (rows handed to the sink before the failure), ``fault.marker`` (a file path:
@@ -127,10 +129,17 @@ class FaultySink(DataSource):
 
 
 def register_all(spark) -> None:
-    """The real formats (amqp08, stomp, malamute) and the test-only ones (fault injection, Row writer)."""
-    from spark_mq.register import register
+    """The real formats (amqp08, stomp, malamute) and the test-only ones (fault injection, Row writer).
 
-    register(spark)
+    The test-only classes travel to Spark's Python processes by value: this module is not on their path."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    import spark_mq
+
+    spark_mq.register(spark)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     for cls in (SinkOnlyAmqp08, SinkOnlyStomp, SinkOnlyMalamute, SinkOnlyAmqp08Rows, FaultySink):
         spark.dataSource.register(cls)
 
