@@ -103,7 +103,7 @@ class AmqpSession(Session):
     """A connection and one channel in transaction mode."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_amqp08
+        from spark_mq.clients.connect import connect_amqp08
 
         self.connection = connect_amqp08(opts)
         try:

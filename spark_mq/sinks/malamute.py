@@ -110,7 +110,7 @@ class MalamuteSession(Session):
     """An anonymous (or ``<address>.<pid>``) Malamute client; a producer of at most one stream at a time."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_malamute
+        from spark_mq.clients.connect import connect_malamute
 
         address = opts.get("address")
         self.client = connect_malamute(opts, f"{address}.{os.getpid()}" if address else "")

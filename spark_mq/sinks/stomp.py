@@ -94,7 +94,7 @@ class StompSession(Session):
     """A STOMP connection; one named transaction at a time."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_stomp
+        from spark_mq.clients.connect import connect_stomp
 
         self.client = connect_stomp(opts)
         self.transaction = None

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from spark_mq.clients.connect import connect_amqp08
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import MQDataSource, gather
-from spark_mq.sources.connect import connect_amqp08
 from spark_mq.sources.ingest import prefetch_of
 
 __all__ = ["Amqp08DataSource", "Amqp08Consumer", "connect_consumer", "validate"]

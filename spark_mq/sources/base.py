@@ -24,11 +24,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
 from spark_mq import schema as S
+from spark_mq.clients.connect import endpoints
 from spark_mq.compat import CAPS, ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import SOURCE, Options, parse_options
 from spark_mq.sources import batchread
-from spark_mq.sources.connect import endpoints
 from spark_mq.sources.ingest import Ingest, prefetch_of
 from spark_mq.sources.partitions import LogPartition, partition_count, read_partition
 

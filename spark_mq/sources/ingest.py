@@ -49,10 +49,10 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
+from spark_mq.clients.connect import refusal
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
-from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
 

@@ -31,11 +31,11 @@ import pyarrow as pa
 
 from spark_mq import arrowcols as A
 from spark_mq import schema as S
+from spark_mq.clients.connect import connect_malamute
 from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.base import MQDataSource
-from spark_mq.sources.connect import connect_malamute
 
 __all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
 

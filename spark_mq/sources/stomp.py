@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from spark_mq.clients.connect import connect_stomp
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
 from spark_mq.options import Options
 from spark_mq.sources.base import MQDataSource, gather
-from spark_mq.sources.connect import connect_stomp
 from spark_mq.sources.ingest import prefetch_of
 
 __all__ = ["StompDataSource", "StompConsumer", "connect_consumer", "validate"]

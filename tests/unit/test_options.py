@@ -1,4 +1,4 @@
-"""Unit tests of spark_mq.options (the one options parser) and endpoint resolution in sources.connect."""
+"""Unit tests of spark_mq.options (the one options parser) and endpoint resolution in clients.connect."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from spark_mq.errors import OptionError
 from spark_mq.options import (
     MASK, SINK, SOURCE, OptionSpec, OptionType, Options, define, parse_options, redact_uri, registered,
 )
-from spark_mq.sources.connect import endpoints
+from spark_mq.clients.connect import endpoints
 
 
 def amqp(**raw) -> Options:
@@ -182,7 +182,7 @@ def test_malamute_heartbeat_stretches_the_silence_that_counts_as_a_lost_broker(g
     """An idle broker speaks only to answer a PING: with ``heartbeat`` 10 s and the default 4 s of
     silence, every idle connection would count as lost. The silence allowed is 4 intervals, at least 4 s;
     without the option the client keeps its own defaults (1 s, 4 s)."""
-    from spark_mq.sources.connect import connect_malamute
+    from spark_mq.clients.connect import connect_malamute
 
     made = []
 
@@ -223,7 +223,7 @@ def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
     """``stomp://host/vh``: RabbitMQ takes the virtual host from CONNECT's ``host`` header; the path
     used to be parsed and dropped (the default vhost was used)."""
     import spark_mq.clients.stomp as stomp_client
-    from spark_mq.sources.connect import connect_stomp
+    from spark_mq.clients.connect import connect_stomp
 
     made = []
 
