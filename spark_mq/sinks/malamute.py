@@ -14,7 +14,7 @@ replay sends those rows again. Mailbox and service messages carry the determinis
 their tracker (unless a ``tracker`` column supplies one), so a consumer can drop such duplicates;
 stream messages have no field for it (put an id in the subject or the frames if you need one).
 
-Entry points (called by the DataSource in ``spark_mq.sources.malamute``): ``create_writer`` and
+Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
 ``create_stream_writer``.
 """
 

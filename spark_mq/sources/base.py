@@ -1,6 +1,7 @@
-"""Spark's side of the sources: the DataSource base class, the stream reader, the batch reader.
+"""Spark's side of the sources: the stream reader, the batch reader, and a source's options at ``load()``.
 
-Responsible for: options validation at ``load()``, offsets (``{"offset": N}``, positions in the
+Responsible for: options validation at ``load()`` (``source_options``; the ``DataSource`` classes that
+call it live in ``spark_mq.datasources``), offsets (``{"offset": N}``, positions in the
 source log), read limits (Spark 4.2+ ``ReadLimit`` objects where present, the same limits from
 options otherwise), availableNow, splitting a range into partitions, ``commit`` and the backlog
 figures of ``reportLatestOffset``. Not responsible for brokers (``ingest`` + per-format ``Consumer``),
@@ -14,14 +15,13 @@ knows options and schema, and reads segment files by path.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 import time
 from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
 from spark_mq import schema as S
 from spark_mq.clients.connect import endpoints
@@ -38,7 +38,8 @@ log = logging.getLogger("spark_mq.sources")
 # from the options only and availableNow is one batch (see spark_mq.compat)
 HAS_READ_LIMITS = CAPS.read_limits
 
-__all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "HAS_READ_LIMITS", "check_trigger_limits", "gather"]
+__all__ = ["MQStreamReader", "MQBatchReader", "STREAM_READER", "HAS_READ_LIMITS", "source_options",
+           "check_trigger_limits", "gather"]
 
 _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
@@ -406,52 +407,22 @@ class MQBatchReader(DataSourceReader):
         return read_partition(partition, self.target_schema)
 
 
-class MQDataSource(DataSource):
-    """Base of the per-format DataSources (``FORMAT`` and ``CONNECTOR`` set by subclasses)."""
-
-    FORMAT = ""
-    CONNECTOR_MODULE = ""
-
-    @classmethod
-    def name(cls) -> str:
-        return cls.FORMAT
-
-    def _source_options(self, streaming: bool) -> Options:
-        opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
-        module = importlib.import_module(self.CONNECTOR_MODULE)
-        module.validate(opts)
-        check_trigger_limits(self.FORMAT, opts)
-        endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
-        location = opts.get("logLocation")
-        if streaming and not location:
-            raise OptionError(f"the {self.FORMAT} stream source needs option 'logLocation' (a directory or "
-                              f"filesystem URI for its source log, one per query, reachable from executors)")
-        if location and _ONE_SLASH_URI.match(location):
-            scheme = location.split(":", 1)[0]
-            raise OptionError(
-                f"option 'logLocation' is {location!r}: a filesystem URI needs '{scheme}://', and as a local "
-                f"path it would be a directory named '{scheme}:' on the driver only. Give a full URI "
-                f"(s3://bucket/path, hdfs://...), a local or mounted path (on Databricks /dbfs/... or "
-                f"/Volumes/...), or './{location}' if a local directory of that name is meant")
-        return opts
-
-    def schema(self) -> str:
-        self._source_options(streaming=False)  # unknown or contradictory options fail at load()
-        return S.source_ddl(self.FORMAT)
-
-    def _connector(self):
-        return importlib.import_module(self.CONNECTOR_MODULE).connect_consumer
-
-    def streamReader(self, schema) -> DataSourceStreamReader:
-        return STREAM_READER(self.FORMAT, self._source_options(streaming=True), schema, self._connector())
-
-    def reader(self, schema) -> DataSourceReader:
-        return MQBatchReader(self.FORMAT, self._source_options(streaming=False), schema, self._connector())
-
-    def writer(self, schema, overwrite: bool):
-        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
-        return sinks.create_writer(self.options, schema, overwrite)
-
-    def streamWriter(self, schema, overwrite: bool):
-        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
-        return sinks.create_stream_writer(self.options, schema, overwrite)
+def source_options(fmt: str, options, validate: Callable[[Options], None], streaming: bool) -> Options:
+    """A source's options at ``load()``: parsed, checked by the format's ``validate`` and against each
+    other, so that unknown or contradictory options fail there and not in the ingest's reconnects."""
+    opts = parse_options(options, format=fmt, direction=SOURCE)
+    validate(opts)
+    check_trigger_limits(fmt, opts)
+    endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
+    location = opts.get("logLocation")
+    if streaming and not location:
+        raise OptionError(f"the {fmt} stream source needs option 'logLocation' (a directory or "
+                          f"filesystem URI for its source log, one per query, reachable from executors)")
+    if location and _ONE_SLASH_URI.match(location):
+        scheme = location.split(":", 1)[0]
+        raise OptionError(
+            f"option 'logLocation' is {location!r}: a filesystem URI needs '{scheme}://', and as a local "
+            f"path it would be a directory named '{scheme}:' on the driver only. Give a full URI "
+            f"(s3://bucket/path, hdfs://...), a local or mounted path (on Databricks /dbfs/... or "
+            f"/Volumes/...), or './{location}' if a local directory of that name is meant")
+    return opts

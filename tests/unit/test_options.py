@@ -159,7 +159,7 @@ def test_endpoints_from_uri_hosts_and_overrides():
 def test_a_scheme_with_one_slash_is_refused_at_load_naming_logLocation(location):
     """``dbfs:/x`` is no URI for pyarrow and, as a path, a directory ``dbfs:`` on the driver alone:
     refused when the source is defined (``schema()`` runs at ``load()``), for streams and batch reads."""
-    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.datasources import MalamuteDataSource
 
     source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
     with pytest.raises(OptionError, match=r"option 'logLocation' is .*needs '(dbfs|s3)://'.*/dbfs/"):
@@ -171,7 +171,7 @@ def test_a_scheme_with_one_slash_is_refused_at_load_naming_logLocation(location)
 @pytest.mark.parametrize("location", ["/dbfs/spark-mq/orders", "file:///tmp/log", "s3://bucket/log", "./dbfs:/x",
                                       "relative/log"])
 def test_paths_and_full_uris_pass_the_logLocation_check(location):
-    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.datasources import MalamuteDataSource
 
     source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
     assert "body" in source.schema()
