@@ -356,9 +356,9 @@ def main(argv: list[str]) -> dict:
                         args=("--max-queue", str(max(max(COUNTS["malamute"].values()) * 2, memory_mlm_n))))
     mlm.start()
     from pyspark.sql import SparkSession
-    from spark_mq.sources.amqp08 import Amqp08DataSource
-    from spark_mq.sources.malamute import MalamuteDataSource
-    from spark_mq.sources.stomp import StompDataSource
+    from spark_mq.datasources import Amqp08DataSource
+    from spark_mq.datasources import MalamuteDataSource
+    from spark_mq.datasources import StompDataSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.authenticate.socketTimeout", "120s")

@@ -56,7 +56,7 @@ class CeilingStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict):
         from spark_mq.options import SOURCE, parse_options
-        from spark_mq.sources.base import partition_count
+        from spark_mq.sources.partitions import partition_count
 
         lo, hi = int(start["offset"]), int(end["offset"])
         if hi <= lo:

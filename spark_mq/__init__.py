@@ -5,7 +5,12 @@ The package is layered (imports point down only):
 1. ``spark_mq.protocol.<proto>``: sans-IO codecs and protocol state machines.
 2. ``spark_mq.transport``: IO drivers (blocking sockets with TLS, reader threads, timers).
 3. ``spark_mq.clients``: small synchronous client facades.
-4. ``spark_mq.sources`` / ``spark_mq.sinks``: the Spark Python Data Source layer.
+4. ``spark_mq.sources`` / ``spark_mq.sinks`` / ``spark_mq.malamute_broker``: the Spark Python Data Source
+   layer (neither imports the other) and the embedded broker.
+5. ``spark_mq.datasources``: each format's ``DataSource``, joining its source and its sink.
+6. ``spark_mq.cli``, ``spark_mq.demo``, ``spark_mq.bridge_job``: the applications.
+
+``tests/unit/test_repository.py`` holds these rules.
 """
 
 from __future__ import annotations

@@ -104,9 +104,10 @@ def progress_line(progress: Optional[dict], total: int, seconds: float) -> str:
     return text
 
 
-def run(protocol_of, args) -> int:
-    """Run the bridge (``protocol_of``: URI -> format, from the CLI)."""
-    source_fmt, sink_fmt = protocol_of(args.from_uri), protocol_of(args.to_uri)
+def run(args) -> int:
+    """Run the bridge (the CLI has checked that both URIs name a format)."""
+    from spark_mq.clients.connect import format_of
+    source_fmt, sink_fmt = format_of(args.from_uri), format_of(args.to_uri)
     src = {"uri": args.from_uri, **target_options(source_fmt, args.source, "source"),
            **_pairs(args.source_option, "--source-option")}
     dst = {"uri": args.to_uri, **target_options(sink_fmt, args.sink, "sink"),

@@ -4,7 +4,7 @@ Responsible for: the command line (``demo``, ``broker``, ``send``, ``tail``, ``b
 from the broker URI, turning flags into client calls, and printing messages (text, JSON lines, raw
 bodies). Errors name the flag or URI at fault (passwords masked) and exit with status 2 (usage) or 1
 (broker/connection failure). Not responsible for protocols or connections: it uses
-``spark_mq.clients`` through ``spark_mq.sources.connect`` (the same URI/option parsing as the Spark
+``spark_mq.clients`` through ``spark_mq.clients.connect`` (the same URI/option parsing as the Spark
 formats, so a URI that works here works in ``.option("uri", ...)``).
 
     spark-mq broker --endpoint tcp://127.0.0.1:9999
@@ -33,17 +33,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
+from spark_mq.options import AMQP08, MALAMUTE, STOMP
+
 __all__ = ["main", "protocol_of", "UsageError"]
 
-AMQP08 = "amqp08"
-STOMP = "stomp"
-MALAMUTE = "malamute"
-#: URI scheme -> protocol (format name)
-SCHEMES = {
-    "amqp": AMQP08, "amqps": AMQP08,
-    "stomp": STOMP, "stomp+ssl": STOMP, "stomp+tls": STOMP,
-    "tcp": MALAMUTE, "ipc": MALAMUTE,
-}
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -71,15 +64,12 @@ def _redact(uri: str) -> str:
 
 def protocol_of(uri: str) -> str:
     """``amqp08``, ``stomp`` or ``malamute`` for a broker URI; ``UsageError`` naming the URI otherwise."""
+    from spark_mq.clients.connect import format_of
+    from spark_mq.errors import OptionError
     try:
-        scheme = urlsplit(uri).scheme.lower()
-    except ValueError as exc:
-        raise UsageError(f"URI {_redact(uri)!r} cannot be parsed: {exc}") from None
-    if scheme not in SCHEMES:
-        accepted = ", ".join(f"{s}://" for s in SCHEMES)
-        what = f"unknown scheme {scheme!r}" if scheme else "no scheme"
-        raise UsageError(f"URI {_redact(uri)!r}: {what}; use one of {accepted}")
-    return SCHEMES[scheme]
+        return format_of(uri)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _pairs(items: Optional[list], flag: str) -> dict:
@@ -317,7 +307,7 @@ def _options(t: Target, args: argparse.Namespace):
         raw["tlsVerify"] = "false"
     try:
         opts = parse_options(raw, format=t.protocol, direction=SINK)
-        from spark_mq.sources.connect import endpoints
+        from spark_mq.clients.connect import endpoints
         endpoints(opts)  # URI errors surface here, before any connection attempt
     except OptionError as exc:
         raise UsageError(str(exc)) from None
@@ -399,7 +389,7 @@ def _amqp_properties(args: argparse.Namespace):
 
 
 def send_amqp08(t: Target, args: argparse.Namespace, messages, opts) -> int:
-    from spark_mq.sources.connect import connect_amqp08
+    from spark_mq.clients.connect import connect_amqp08
     properties = _amqp_properties(args)
     exchange = t.exchange or ""
     routing_key = t.queue if t.queue is not None else (t.routing_key or "")
@@ -437,7 +427,7 @@ def send_amqp08(t: Target, args: argparse.Namespace, messages, opts) -> int:
 
 
 def send_stomp(t: Target, args: argparse.Namespace, messages, opts) -> int:
-    from spark_mq.sources.connect import connect_stomp
+    from spark_mq.clients.connect import connect_stomp
     headers = _pairs(args.header, "--header")
     if args.persistent:
         headers.setdefault("persistent", "true")
@@ -459,7 +449,7 @@ def send_stomp(t: Target, args: argparse.Namespace, messages, opts) -> int:
 
 
 def send_malamute(t: Target, args: argparse.Namespace, messages, opts) -> int:
-    from spark_mq.sources.connect import connect_malamute
+    from spark_mq.clients.connect import connect_malamute
     client = connect_malamute(opts, t.address or "")
     sent = 0
     try:
@@ -615,7 +605,7 @@ def _amqp_record(msg) -> Record:
 
 
 def tail_amqp08(t: Target, args, opts, emit, stop) -> int:
-    from spark_mq.sources.connect import connect_amqp08
+    from spark_mq.clients.connect import connect_amqp08
     conn = connect_amqp08(opts)
     try:
         ch = conn.channel()
@@ -642,7 +632,7 @@ def tail_amqp08(t: Target, args, opts, emit, stop) -> int:
 
 
 def tail_stomp(t: Target, args, opts, emit, stop) -> int:
-    from spark_mq.sources.connect import connect_stomp
+    from spark_mq.clients.connect import connect_stomp
     client = connect_stomp(opts)
     try:
         client.subscribe(t.destination, ack="client", prefetch=args.prefetch)
@@ -673,7 +663,7 @@ def tail_stomp(t: Target, args, opts, emit, stop) -> int:
 
 def tail_malamute(t: Target, args, opts, emit, stop) -> int:
     from spark_mq.protocol.malamute import codec
-    from spark_mq.sources.connect import connect_malamute
+    from spark_mq.clients.connect import connect_malamute
     address = t.mailbox or t.address or ""
     client = connect_malamute(opts, address)
     try:
@@ -795,7 +785,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         except UsageError as exc:
             raise UsageError(f"{flag}: {exc}") from None
     try:
-        return bridge_job.run(protocol_of, args)
+        return bridge_job.run(args)
     except bridge_job.BridgeUsageError as exc:
         raise UsageError(str(exc)) from None
 

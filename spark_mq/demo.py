@@ -145,7 +145,7 @@ class MalamuteBackend(Backend):
         return f"stream {self.results}"
 
     def open_producer(self) -> None:
-        from spark_mq.sources.connect import connect_malamute
+        from spark_mq.clients.connect import connect_malamute
         self._producer = connect_malamute(self._opts(), f"demo-producer-{self.run_id}")
         self._producer.set_producer(self.orders)
 
@@ -160,7 +160,7 @@ class MalamuteBackend(Backend):
             self._producer.close()
 
     def start_results(self, callback) -> None:
-        from spark_mq.sources.connect import connect_malamute
+        from spark_mq.clients.connect import connect_malamute
         self._reader = connect_malamute(self._opts(), f"demo-results-{self.run_id}")
         self._reader.set_consumer(self.results, "")
 
@@ -204,7 +204,7 @@ class AmqpBackend(Backend):
         return f"queue {self.results}"
 
     def open_producer(self) -> None:
-        from spark_mq.sources.connect import connect_amqp08
+        from spark_mq.clients.connect import connect_amqp08
         self._conn = connect_amqp08(self._opts())
         self._ch = self._conn.channel()
         # both queues exist before anything is sent: nothing is dropped as unroutable
@@ -227,7 +227,7 @@ class AmqpBackend(Backend):
             self._conn.close()
 
     def start_results(self, callback) -> None:
-        from spark_mq.sources.connect import connect_amqp08
+        from spark_mq.clients.connect import connect_amqp08
         self._rconn = connect_amqp08(self._opts())
         ch = self._rconn.channel()
         ch.queue_declare(self.results, durable=True)
@@ -238,7 +238,7 @@ class AmqpBackend(Backend):
             self._rconn.close()
 
     def cleanup(self) -> None:
-        from spark_mq.sources.connect import connect_amqp08
+        from spark_mq.clients.connect import connect_amqp08
         with connect_amqp08(self._opts()) as conn:
             ch = conn.channel()
             for q in (self.orders, self.results):
@@ -264,7 +264,7 @@ class StompBackend(Backend):
         return f"destination {self.results}"
 
     def open_producer(self) -> None:
-        from spark_mq.sources.connect import connect_stomp
+        from spark_mq.clients.connect import connect_stomp
         self._producer = connect_stomp(self._opts())
 
     def publish(self, body: bytes, key: str) -> None:
@@ -281,7 +281,7 @@ class StompBackend(Backend):
                 self._producer.close()
 
     def start_results(self, callback) -> None:
-        from spark_mq.sources.connect import connect_stomp
+        from spark_mq.clients.connect import connect_stomp
         self._reader = connect_stomp(self._opts())
         self._reader.subscribe(self.results, ack="auto", on_message=lambda f: callback(bytes(f.body)))
 
@@ -467,13 +467,14 @@ def _fmt_ms(ms: int) -> str:
 
 def main(argv: Optional[list] = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    from spark_mq.cli import UsageError, protocol_of
+    from spark_mq.clients.connect import format_of
+    from spark_mq.errors import OptionError
     broker = None
     uri = args.uri
     if uri:
         try:
-            fmt = protocol_of(uri)
-        except UsageError as exc:
+            fmt = format_of(uri)
+        except OptionError as exc:
             print(f"demo: error: --uri: {exc}", file=sys.stderr)
             return 2
     else:

@@ -3,7 +3,7 @@
 Responsible for: the definition of every user-facing option (name, type, default, allowed values,
 secret flag, documentation, which formats and directions accept it), turning Spark's string options
 into typed values with errors that name the option, and keeping secrets out of reprs, logs and
-error messages. Not responsible for connecting anywhere (see ``spark_mq.sources.connect``) or for
+error messages. Not responsible for connecting anywhere (see ``spark_mq.clients.connect``) or for
 checks that need a broker.
 
 API (stable; extend it, do not change it)::

@@ -4,7 +4,7 @@ Responsible for: naming where each format's ``DataSource`` class lives (``FORMAT
 (``data_source_class``), and ``register(spark)``, the explicit registration for sessions where the
 automatic one does not happen (a zip on ``--py-files``, a notebook that installed the wheel after the
 JVM started, Spark Connect clients). Not responsible for the data sources themselves
-(``spark_mq.sources``) nor for automatic registration (the top-level ``pyspark_<format>`` modules,
+(``spark_mq.datasources``) nor for automatic registration (the top-level ``pyspark_<format>`` modules,
 which use ``data_source_class``).
 
     import spark_mq
@@ -27,9 +27,9 @@ __all__ = ["FORMATS", "data_source_class", "register", "expose_py_files_to_strea
 
 #: format name -> (module, class) of its DataSource
 FORMATS = {
-    "amqp08": ("spark_mq.sources.amqp08", "Amqp08DataSource"),
-    "stomp": ("spark_mq.sources.stomp", "StompDataSource"),
-    "malamute": ("spark_mq.sources.malamute", "MalamuteDataSource"),
+    "amqp08": ("spark_mq.datasources", "Amqp08DataSource"),
+    "stomp": ("spark_mq.datasources", "StompDataSource"),
+    "malamute": ("spark_mq.datasources", "MalamuteDataSource"),
 }
 
 

@@ -13,7 +13,7 @@ with ``publish_many`` (frames of many messages per socket write, no round trip),
 and its commit-ok: the task's only round trip. A failure sends ``tx.rollback``. ``channel.flow``
 pauses the writer (up to ``flowTimeout``); TCP back-pressure slows it.
 
-Entry points (called by the DataSource in ``spark_mq.sources.amqp08``): ``create_writer`` and
+Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
 ``create_stream_writer``.
 """
 
@@ -103,7 +103,7 @@ class AmqpSession(Session):
     """A connection and one channel in transaction mode."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_amqp08
+        from spark_mq.clients.connect import connect_amqp08
 
         self.connection = connect_amqp08(opts)
         try:

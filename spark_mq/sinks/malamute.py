@@ -14,7 +14,7 @@ replay sends those rows again. Mailbox and service messages carry the determinis
 their tracker (unless a ``tracker`` column supplies one), so a consumer can drop such duplicates;
 stream messages have no field for it (put an id in the subject or the frames if you need one).
 
-Entry points (called by the DataSource in ``spark_mq.sources.malamute``): ``create_writer`` and
+Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
 ``create_stream_writer``.
 """
 
@@ -110,7 +110,7 @@ class MalamuteSession(Session):
     """An anonymous (or ``<address>.<pid>``) Malamute client; a producer of at most one stream at a time."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_malamute
+        from spark_mq.clients.connect import connect_malamute
 
         address = opts.get("address")
         self.client = connect_malamute(opts, f"{address}.{os.getpid()}" if address else "")

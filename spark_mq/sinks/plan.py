@@ -15,13 +15,13 @@ from urllib.parse import urlsplit
 
 from pyspark.sql.types import StructType
 
+from spark_mq.clients.connect import endpoints
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
 from spark_mq.sinks.bridge import Bridge, detect
 from spark_mq.sinks.columns import ColumnPlan, ColumnSpec, SinkSchemaError, validate
 from spark_mq.sinks.options import parse_sink_options
 from spark_mq.sinks.writer import SinkPlan, arrow_schema_of, new_write_id, write_key
-from spark_mq.sources.connect import endpoints
 
 __all__ = ["build_plan", "SPARK_OPTIONS", "COMMIT_LOG_DIR"]
 

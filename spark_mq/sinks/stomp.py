@@ -11,7 +11,7 @@ Per task: ``BEGIN``, the SEND frames (no receipts: RabbitMQ answers transactiona
 COMMIT anyway), then ``COMMIT`` with a receipt that the task waits for: its only round trip. A failure
 sends ``ABORT`` (with a receipt, bounded wait); a broken connection is aborted by the broker.
 
-Entry points (called by the DataSource in ``spark_mq.sources.stomp``): ``create_writer`` and
+Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
 ``create_stream_writer``.
 """
 
@@ -94,7 +94,7 @@ class StompSession(Session):
     """A STOMP connection; one named transaction at a time."""
 
     def __init__(self, opts: Options) -> None:
-        from spark_mq.sources.connect import connect_stomp
+        from spark_mq.clients.connect import connect_stomp
 
         self.client = connect_stomp(opts)
         self.transaction = None

@@ -1,10 +1,11 @@
-"""Spark's side of the sources: the DataSource base class, the stream reader, the batch reader.
+"""Spark's side of the sources: the stream reader, the batch reader, and a source's options at ``load()``.
 
-Responsible for: options validation at ``load()``, offsets (``{"offset": N}``, positions in the
+Responsible for: options validation at ``load()`` (``source_options``; the ``DataSource`` classes that
+call it live in ``spark_mq.datasources``), offsets (``{"offset": N}``, positions in the
 source log), read limits (Spark 4.2+ ``ReadLimit`` objects where present, the same limits from
-options otherwise), availableNow, splitting a range into partitions, executor reads of log
-segments as Arrow record batches, ``commit`` and the backlog figures of ``reportLatestOffset``.
-Not responsible for brokers (``ingest`` + per-format ``Consumer``) or the log format (``sourcelog``).
+options otherwise), availableNow, splitting a range into partitions, ``commit`` and the backlog
+figures of ``reportLatestOffset``. Not responsible for brokers (``ingest`` + per-format ``Consumer``),
+the partitions and their executor reads (``partitions``) or the log format (``sourcelog``).
 
 Where things run (see pyspark-4.3-facts.md): every method but ``read`` runs in one long-lived
 driver-side process on one reader instance, which owns the ingest thread (started at the first
@@ -14,23 +15,22 @@ knows options and schema, and reads segment files by path.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import math
 import re
 import time
 from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
 from spark_mq import schema as S
+from spark_mq.clients.connect import endpoints
 from spark_mq.compat import CAPS, ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, SparkMqError
 from spark_mq.options import SOURCE, Options, parse_options
-from spark_mq.sourcelog import DataLossError, read_slice
-from spark_mq.sources.connect import endpoints
-from spark_mq.workerheap import freeze_worker_heap
+from spark_mq.sources import batchread
+from spark_mq.sources.ingest import Ingest, prefetch_of
+from spark_mq.sources.partitions import LogPartition, partition_count, read_partition
 
 log = logging.getLogger("spark_mq.sources")
 
@@ -38,59 +38,19 @@ log = logging.getLogger("spark_mq.sources")
 # from the options only and availableNow is one batch (see spark_mq.compat)
 HAS_READ_LIMITS = CAPS.read_limits
 
-__all__ = ["MQDataSource", "MQStreamReader", "MQBatchReader", "LogPartition", "HAS_READ_LIMITS", "partition_count"]
+__all__ = ["MQStreamReader", "MQBatchReader", "STREAM_READER", "HAS_READ_LIMITS", "source_options",
+           "check_trigger_limits", "gather"]
 
 _FIRST_CALL_EXTRA = 5.0        # seconds the first offset call may wait beyond the quiet period
 _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for data or the target
 _SILENT_PLAN = 0.1             # seconds without deliveries after which availableNow plans what it has
 _OVERLAP_MIN = 1.0             # availableNow mid-drain: a batch at least this many seconds after the last ...
 _OVERLAP_SHARE = 0.25          # ... and after this share of the drain so far (see _available_now_ready)
-_DEFAULT_PREFETCH = 1000
 # ``dbfs:/path``, ``s3:/bucket``: a scheme and one slash. Not a filesystem URI for pyarrow (which needs
 # ``scheme://``), and as a local path it would be a directory named ``dbfs:`` under the driver's working
 # directory, which executors cannot read.
 _ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
-_DEFAULT_COMMIT_PREFETCH = 10_000
 
-
-def _batch_id() -> str:
-    try:
-        from pyspark import TaskContext
-        ctx = TaskContext.get()
-        if ctx is not None:
-            return ctx.getLocalProperty("streaming.sql.batchId") or "?"
-    except Exception:  # noqa: BLE001 - only for the error message
-        pass
-    return "?"
-
-
-class LogPartition(InputPartition):
-    """Offsets ``[lo, hi)`` of the log: the segment byte ranges to read (picklable, no handles)."""
-
-    def __init__(self, index: int, lo: int, hi: int, slices: tuple, missing: Optional[tuple],
-                 location: str, fail_on_data_loss: bool) -> None:
-        super().__init__(index)
-        self.index = index
-        self.lo, self.hi = lo, hi
-        self.slices = slices
-        self.missing = missing
-        self.location = location
-        self.fail_on_data_loss = fail_on_data_loss
-
-
-class MemoryPartition(InputPartition):
-    """A batch read's messages, already drained and acked, as Arrow IPC bytes."""
-
-    def __init__(self, index: int, data: bytes) -> None:
-        super().__init__(index)
-        self.index = index
-        self.data = data
-
-
-def prefetch_of(opts: Options) -> int:
-    if opts.get("prefetch"):
-        return opts.prefetch
-    return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
 
 
 def check_trigger_limits(fmt: str, opts: Options) -> None:
@@ -138,47 +98,6 @@ def gather(out: list, receive: Callable[[int, float], list], max_count: int,
     return None
 
 
-def _data_loss(lo: int, hi: int, location: str, why: str) -> DataLossError:
-    return DataLossError(
-        f"micro-batch {_batch_id()}: offsets [{lo}, {hi}) are no longer in the source log at {location} ({why}). "
-        f"They were deleted, or logLocation changed or was wiped. Set failOnDataLoss=false to skip them.")
-
-
-def partition_count(count: int, body_bytes: int, opts: Options) -> int:
-    """How many partitions a batch of ``count`` messages (``body_bytes`` of bodies) is split into:
-    ``numPartitions`` if given, else enough that none holds more than ``maxPartitionBytes`` of bodies
-    or ``maxPartitionMessages`` messages (as Spark's file sources split by size, and Kafka's by
-    ``maxRecordsPerPartition``); never more than one per message. Spark converts rows one by one,
-    so a large batch of small bodies split by bytes alone (a backlog, a batch read) would be one
-    task on one core while the other cores idle."""
-    n = opts.get("numPartitions")
-    if n is None:
-        n = max(math.ceil(body_bytes / opts.maxPartitionBytes), math.ceil(count / opts.maxPartitionMessages))
-    return max(1, min(n, count))
-
-
-def read_partition(partition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Executor side of a stream read: the log's bytes for the partition, projected to ``target``."""
-    freeze_worker_heap()  # PySpark collects the worker's whole heap after each task: see workerheap
-    if isinstance(partition, MemoryPartition):
-        for batch in pa.ipc.open_stream(pa.py_buffer(partition.data)):
-            yield S.project(batch, target)
-        return
-    if partition.missing is not None:
-        lo, hi = partition.missing
-        if partition.fail_on_data_loss:
-            raise _data_loss(lo, hi, partition.location, "segments deleted")
-        log.warning("skipping offsets [%d, %d): gone from the source log at %s", lo, hi, partition.location)
-    for s in partition.slices:
-        try:
-            for batch in read_slice(s):
-                yield S.project(batch, target)
-        except FileNotFoundError as exc:
-            if partition.fail_on_data_loss:
-                raise _data_loss(s.lo, s.hi, partition.location, f"missing file {s.path}") from exc
-            log.warning("skipping offsets [%d, %d): %s is gone", s.lo, s.hi, s.path)
-
-
 class MQStreamReader(DataSourceStreamReader):
     """The stream reader of every format; per-format modules give it a ``connect(attempt)`` factory."""
 
@@ -207,7 +126,6 @@ class MQStreamReader(DataSourceStreamReader):
             # No SIGTERM handler to run stop() at the end: measured, a reader process that takes its
             # time to exit on SIGTERM makes Spark's start of the NEXT query's reader time out ("Python
             # worker failed to connect back"). Nothing needs it: every group is fsynced before its ack.
-            from spark_mq.sources.ingest import Ingest
             opts, connector = self.opts, self._connector
             self._ingest = Ingest(self.fmt, opts, lambda attempt: connector(opts, attempt))
             self._ingest.hold_until_resumed()  # the offset calls below say where Spark resumes
@@ -481,7 +399,6 @@ class MQBatchReader(DataSourceReader):
         self._connector = connector
 
     def partitions(self):
-        from spark_mq.sources import batchread
         if self.opts.get("logLocation"):
             return batchread.logged_partitions(self.fmt, self.opts, self._connector)
         return batchread.memory_partitions(self.fmt, self.opts, self._connector)
@@ -490,52 +407,22 @@ class MQBatchReader(DataSourceReader):
         return read_partition(partition, self.target_schema)
 
 
-class MQDataSource(DataSource):
-    """Base of the per-format DataSources (``FORMAT`` and ``CONNECTOR`` set by subclasses)."""
-
-    FORMAT = ""
-    CONNECTOR_MODULE = ""
-
-    @classmethod
-    def name(cls) -> str:
-        return cls.FORMAT
-
-    def _source_options(self, streaming: bool) -> Options:
-        opts = parse_options(self.options, format=self.FORMAT, direction=SOURCE)
-        module = importlib.import_module(self.CONNECTOR_MODULE)
-        module.validate(opts)
-        check_trigger_limits(self.FORMAT, opts)
-        endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
-        location = opts.get("logLocation")
-        if streaming and not location:
-            raise OptionError(f"the {self.FORMAT} stream source needs option 'logLocation' (a directory or "
-                              f"filesystem URI for its source log, one per query, reachable from executors)")
-        if location and _ONE_SLASH_URI.match(location):
-            scheme = location.split(":", 1)[0]
-            raise OptionError(
-                f"option 'logLocation' is {location!r}: a filesystem URI needs '{scheme}://', and as a local "
-                f"path it would be a directory named '{scheme}:' on the driver only. Give a full URI "
-                f"(s3://bucket/path, hdfs://...), a local or mounted path (on Databricks /dbfs/... or "
-                f"/Volumes/...), or './{location}' if a local directory of that name is meant")
-        return opts
-
-    def schema(self) -> str:
-        self._source_options(streaming=False)  # unknown or contradictory options fail at load()
-        return S.source_ddl(self.FORMAT)
-
-    def _connector(self):
-        return importlib.import_module(self.CONNECTOR_MODULE).connect_consumer
-
-    def streamReader(self, schema) -> DataSourceStreamReader:
-        return STREAM_READER(self.FORMAT, self._source_options(streaming=True), schema, self._connector())
-
-    def reader(self, schema) -> DataSourceReader:
-        return MQBatchReader(self.FORMAT, self._source_options(streaming=False), schema, self._connector())
-
-    def writer(self, schema, overwrite: bool):
-        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
-        return sinks.create_writer(self.options, schema, overwrite)
-
-    def streamWriter(self, schema, overwrite: bool):
-        sinks = importlib.import_module(f"spark_mq.sinks.{self.FORMAT}")
-        return sinks.create_stream_writer(self.options, schema, overwrite)
+def source_options(fmt: str, options, validate: Callable[[Options], None], streaming: bool) -> Options:
+    """A source's options at ``load()``: parsed, checked by the format's ``validate`` and against each
+    other, so that unknown or contradictory options fail there and not in the ingest's reconnects."""
+    opts = parse_options(options, format=fmt, direction=SOURCE)
+    validate(opts)
+    check_trigger_limits(fmt, opts)
+    endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
+    location = opts.get("logLocation")
+    if streaming and not location:
+        raise OptionError(f"the {fmt} stream source needs option 'logLocation' (a directory or "
+                          f"filesystem URI for its source log, one per query, reachable from executors)")
+    if location and _ONE_SLASH_URI.match(location):
+        scheme = location.split(":", 1)[0]
+        raise OptionError(
+            f"option 'logLocation' is {location!r}: a filesystem URI needs '{scheme}://', and as a local "
+            f"path it would be a directory named '{scheme}:' on the driver only. Give a full URI "
+            f"(s3://bucket/path, hdfs://...), a local or mounted path (on Databricks /dbfs/... or "
+            f"/Volumes/...), or './{location}' if a local directory of that name is meant")
+    return opts

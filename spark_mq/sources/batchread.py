@@ -45,6 +45,9 @@ from spark_mq import schema as S
 from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
+from spark_mq.sourcelog import SourceLog, open_filesystem
+from spark_mq.sources.ingest import _NO_REDELIVERIES, content_identity
+from spark_mq.sources.partitions import LogPartition, MemoryPartition, partition_count
 
 log = logging.getLogger("spark_mq.sources.batchread")
 
@@ -225,7 +228,6 @@ def split_for_tasks(batch: pa.RecordBatch, n: int, max_bytes: int) -> list[bytes
 def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
     """Drain, build the Arrow data, cut it into partitions under ``maxTaskBytes``, then acknowledge
     (the broker forgets the messages before any task runs: see the module docstring)."""
-    from spark_mq.sources.base import MemoryPartition, partition_count
     if fmt != "malamute" and opts.get("prefetch") is None:
         # every delivery stays unacknowledged until the data is built: a prefetch below maxMessages
         # would stop the broker there (the default 1,000 did: a batch read of a longer queue returned
@@ -284,7 +286,6 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
 # -- with logLocation: the data in a source log --------------------------------------------------
 
 def _open_log(fmt: str, opts: Options):
-    from spark_mq.sourcelog import SourceLog
     return SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                      segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
 
@@ -314,9 +315,6 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
     """Serve what earlier batch reads on this log served and nobody committed, then drain the
     broker into the log (each group fsynced before it is acknowledged), up to ``maxMessages`` new
     messages; the partitions name byte ranges of the log only."""
-    from spark_mq.sources.base import LogPartition, partition_count
-    from spark_mq.sources.ingest import _NO_REDELIVERIES, content_identity
-
     log_ = _open_log(fmt, opts)
     try:
         state = _load_state(log_)
@@ -386,8 +384,6 @@ def commit_batch_read(log_location: str, end: Optional[int] = None) -> int:
 
     Call it after the last action on the DataFrames read from that log has succeeded: each action
     reads the log again (Spark plans a DataFrame's partitions once), and what is committed is gone."""
-    from spark_mq.sourcelog import SourceLog, open_filesystem
-
     fs, root, _ = open_filesystem(log_location)
     try:
         with fs.open_input_stream(f"{root.rstrip('/')}/{STATE_NAME}") as f:

@@ -24,15 +24,15 @@ from collections import OrderedDict, deque
 from typing import Callable, Optional
 
 from spark_mq import schema as S
+from spark_mq.clients.connect import refusal
 from spark_mq.schema import BODY, DESTINATION, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sourcelog import LogInUseError, SourceLog
-from spark_mq.sources.connect import refusal
 
 log = logging.getLogger("spark_mq.sources.ingest")
 
-__all__ = ["Ingest", "content_identity", "BrokerUnavailableError", "LogWriteError", "DeliveryFailedError"]
+__all__ = ["Ingest", "content_identity", "prefetch_of", "BrokerUnavailableError", "LogWriteError", "DeliveryFailedError"]
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
 _DEPTH_QUIET_FACTOR = 10  # with a known queue depth, silence ends availableNow only after this many quiet periods
@@ -86,6 +86,18 @@ class LogWriteError(SparkMqError):
 #: (AMQP application header and STOMP header alike)
 _VOLATILE_HEADERS = frozenset({"message-id", "subscription", "redelivered", "redeliveries", "ack", "content-length",
                                "x-delivery-count"})
+
+
+_DEFAULT_PREFETCH = 1000
+_DEFAULT_COMMIT_PREFETCH = 10_000
+
+
+def prefetch_of(opts: Options) -> int:
+    """The consumer's prefetch (unacknowledged deliveries the broker may send ahead): option
+    ``prefetch``, else 10,000 in ``ackMode=commit`` and 1,000 otherwise."""
+    if opts.get("prefetch"):
+        return opts.prefetch
+    return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
 
 
 #: protocols without acknowledgements: the broker never delivers a message twice, nothing to recognise
@@ -267,7 +279,6 @@ class Ingest:
         self.opts = opts
         self._connect = connect
         self.ack_mode = opts.get("ackMode") or "auto"
-        from spark_mq.sources.base import prefetch_of
         self.prefetch = prefetch_of(opts)
         # A group (one append, one fsync, one ack) takes at most half the prefetch where the broker
         # waits for acks: the broker streams the other half while this group is written, and a poll

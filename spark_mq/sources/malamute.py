@@ -31,14 +31,13 @@ import pyarrow as pa
 
 from spark_mq import arrowcols as A
 from spark_mq import schema as S
+from spark_mq.clients.connect import connect_malamute
 from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
 from spark_mq.protocol.zmtp import BodyBuffer
-from spark_mq.sources.base import MQDataSource
-from spark_mq.sources.connect import connect_malamute
 from spark_mq.sources.consumer import Consumer
 
-__all__ = ["MalamuteDataSource", "MalamuteConsumer", "connect_consumer", "validate"]
+__all__ = ["MalamuteConsumer", "connect_consumer", "validate"]
 
 _DRAIN_WAIT = 0.001  # seconds without a delivery that end the gathering of a group
 # bodies gathered into one group (one record batch) at most, whatever the group's count: far below
@@ -231,8 +230,10 @@ def connect_consumer(opts: Options, attempt: int = 0) -> MalamuteConsumer:
     return MalamuteConsumer(opts, attempt)
 
 
-class MalamuteDataSource(MQDataSource):
-    """``format("malamute")``: Malamute source; the sink is ``spark_mq.sinks.malamute``."""
-
-    FORMAT = "malamute"
-    CONNECTOR_MODULE = "spark_mq.sources.malamute"
+def __getattr__(name: str):
+    # Compatibility shim, the one import here that runs up a layer: ``MalamuteDataSource`` moved to
+    # spark_mq.datasources (it joins this source and its sink); its documented old path still works.
+    if name == "MalamuteDataSource":
+        from spark_mq.datasources import MalamuteDataSource
+        return MalamuteDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

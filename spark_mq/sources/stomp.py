@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from spark_mq.clients.connect import connect_stomp
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
 from spark_mq.options import Options
-from spark_mq.sources.base import MQDataSource, gather, prefetch_of
-from spark_mq.sources.connect import connect_stomp
+from spark_mq.sources.base import gather
 from spark_mq.sources.consumer import Consumer
+from spark_mq.sources.ingest import prefetch_of
 
-__all__ = ["StompDataSource", "StompConsumer", "connect_consumer", "validate"]
+__all__ = ["StompConsumer", "connect_consumer", "validate"]
 
 def validate(opts: Options) -> None:
     if not opts.get("destination"):
@@ -199,8 +200,10 @@ def connect_consumer(opts: Options, attempt: int = 0) -> StompConsumer:
     return StompConsumer(opts, attempt)
 
 
-class StompDataSource(MQDataSource):
-    """``format("stomp")``: STOMP 1.0 source (RabbitMQ, ActiveMQ); the sink is ``spark_mq.sinks.stomp``."""
-
-    FORMAT = "stomp"
-    CONNECTOR_MODULE = "spark_mq.sources.stomp"
+def __getattr__(name: str):
+    # Compatibility shim, the one import here that runs up a layer: ``StompDataSource`` moved to
+    # spark_mq.datasources (it joins this source and its sink); its documented old path still works.
+    if name == "StompDataSource":
+        from spark_mq.datasources import StompDataSource
+        return StompDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

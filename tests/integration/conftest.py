@@ -201,9 +201,9 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from spark_mq.sources.amqp08 import Amqp08DataSource
-    from spark_mq.sources.malamute import MalamuteDataSource
-    from spark_mq.sources.stomp import StompDataSource
+    from spark_mq.datasources import Amqp08DataSource
+    from spark_mq.datasources import MalamuteDataSource
+    from spark_mq.datasources import StompDataSource
 
     session = (SparkSession.builder.master("local[2]").appName("spark-mq-tests")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")

@@ -124,7 +124,7 @@ def test_wheel_and_zip_contents(dist, tmp_path):
     with zipfile.ZipFile(dist["zip"]) as zf:
         znames = set(zf.namelist())
     assert {f"pyspark_{fmt}.py" for fmt in FORMATS} <= znames
-    assert "spark_mq/__init__.py" in znames and "spark_mq/sources/connect.py" in znames
+    assert "spark_mq/__init__.py" in znames and "spark_mq/clients/connect.py" in znames
     assert all(n.endswith(".py") for n in znames)
     assert not [n for n in znames if Path(n).stem in ("testing", "sinktest", "broker_process")], sorted(znames)
     # reproducible: building again gives the same bytes

@@ -34,7 +34,7 @@ PAD = "x" * 64
 @pytest.fixture(scope="module")
 def spark():
     session = local_spark("test_sinks_amqp08")
-    spark_mq.register(session, ["amqp08"])  # the real DataSource (spark_mq.sources.amqp08) calls the sink
+    spark_mq.register(session, ["amqp08"])  # the real DataSource (spark_mq.datasources) calls the sink
     yield session
     session.stop()
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 CHILD = textwrap.dedent("""
     import json, os, sys
     from pyspark.sql import SparkSession
-    from spark_mq.sources.amqp08 import Amqp08DataSource
+    from spark_mq.datasources import Amqp08DataSource
     url, queue, log, out, ckpt, mode, result = sys.argv[1:8]
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
@@ -200,7 +200,7 @@ def test_broker_killed_and_restarted_mid_stream(spark, request, unique_name, tmp
 ASYNC_CHILD = textwrap.dedent("""
     import os, sys, uuid
     from pyspark.sql import SparkSession
-    from spark_mq.sources.amqp08 import Amqp08DataSource
+    from spark_mq.datasources import Amqp08DataSource
     url, queue, log, out_dir, ckpt = sys.argv[1:6]
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())

@@ -16,8 +16,9 @@ from pyspark import cloudpickle
 from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import SOURCE, parse_options
-from spark_mq.sources.base import MQBatchReader, MemoryPartition, read_partition
+from spark_mq.sources.base import MQBatchReader
 from spark_mq.sources.consumer import Consumer
+from spark_mq.sources.partitions import MemoryPartition, read_partition
 
 MiB = 1 << 20
 
@@ -94,7 +95,7 @@ def _bodies(parts) -> list:
 
 
 def test_a_logged_batch_read_serves_again_until_committed(tmp_path):
-    from spark_mq.sources.base import LogPartition
+    from spark_mq.sources.partitions import LogPartition
     from spark_mq.sources.batchread import commit_batch_read
 
     log = str(tmp_path / "blog")

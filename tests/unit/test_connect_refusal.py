@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spark_mq.errors import BrokerRefusedError, ConnectionClosedError
 from spark_mq.protocol.amqp08.errors import AMQPChannelError, AMQPConnectionError, AuthenticationError
-from spark_mq.sources.connect import _fail, refusal
+from spark_mq.clients.connect import _fail, refusal
 
 
 def test_amqp_refusal_codes():

@@ -184,7 +184,7 @@ def test_an_error_frame_in_reply_to_subscribe_is_a_refusal(monkeypatch):
     broker's reason."""
     from spark_mq.errors import BrokerRefusedError
     from spark_mq.protocol.stomp10 import StompError
-    from spark_mq.sources.connect import refusal
+    from spark_mq.clients.connect import refusal
 
     raised, closed = _stomp_consumer_refused(
         monkeypatch, StompError("not_found", b"NOT_FOUND - no queue 'gone' in vhost '/'"), "/amq/queue/gone")
@@ -197,7 +197,7 @@ def test_an_amqp_heartbeat_is_whole_seconds_rounded_up(monkeypatch, asked, sent)
     """AMQP 0-8 counts the heartbeat in whole seconds: 0.4 s asks for 1 s, never 0 (which turns
     heartbeats off, as rounding to the nearest did)."""
     import spark_mq.clients.amqp08 as client_mod
-    from spark_mq.sources.connect import connect_amqp08
+    from spark_mq.clients.connect import connect_amqp08
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""Unit tests of spark_mq.options (the one options parser) and endpoint resolution in sources.connect."""
+"""Unit tests of spark_mq.options (the one options parser) and endpoint resolution in clients.connect."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from spark_mq.errors import OptionError
 from spark_mq.options import (
     MASK, SINK, SOURCE, OptionSpec, OptionType, Options, define, parse_options, redact_uri, registered,
 )
-from spark_mq.sources.connect import endpoints
+from spark_mq.clients.connect import endpoints
 
 
 def amqp(**raw) -> Options:
@@ -162,7 +162,7 @@ def test_endpoints_from_uri_hosts_and_overrides():
 def test_a_scheme_with_one_slash_is_refused_at_load_naming_logLocation(location):
     """``dbfs:/x`` is no URI for pyarrow and, as a path, a directory ``dbfs:`` on the driver alone:
     refused when the source is defined (``schema()`` runs at ``load()``), for streams and batch reads."""
-    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.datasources import MalamuteDataSource
 
     source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
     with pytest.raises(OptionError, match=r"option 'logLocation' is .*needs '(dbfs|s3)://'.*/dbfs/"):
@@ -174,7 +174,7 @@ def test_a_scheme_with_one_slash_is_refused_at_load_naming_logLocation(location)
 @pytest.mark.parametrize("location", ["/dbfs/spark-mq/orders", "file:///tmp/log", "s3://bucket/log", "./dbfs:/x",
                                       "relative/log"])
 def test_paths_and_full_uris_pass_the_logLocation_check(location):
-    from spark_mq.sources.malamute import MalamuteDataSource
+    from spark_mq.datasources import MalamuteDataSource
 
     source = MalamuteDataSource({"uri": "tcp://127.0.0.1:1", "mailbox": "m", "logLocation": location})
     assert "body" in source.schema()
@@ -185,7 +185,7 @@ def test_malamute_heartbeat_stretches_the_silence_that_counts_as_a_lost_broker(g
     """An idle broker speaks only to answer a PING: with ``heartbeat`` 10 s and the default 4 s of
     silence, every idle connection would count as lost. The silence allowed is 4 intervals, at least 4 s;
     without the option the client keeps its own defaults (1 s, 4 s)."""
-    from spark_mq.sources.connect import connect_malamute
+    from spark_mq.clients.connect import connect_malamute
 
     made = []
 
@@ -226,7 +226,7 @@ def test_a_stomp_uri_path_is_sent_as_the_connect_host_header(monkeypatch):
     """``stomp://host/vh``: RabbitMQ takes the virtual host from CONNECT's ``host`` header; the path
     used to be parsed and dropped (the default vhost was used)."""
     import spark_mq.clients.stomp as stomp_client
-    from spark_mq.sources.connect import connect_stomp
+    from spark_mq.clients.connect import connect_stomp
 
     made = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spark_mq.options import SOURCE, parse_options
-from spark_mq.sources.base import partition_count
+from spark_mq.sources.partitions import partition_count
 
 
 def _opts(**extra):

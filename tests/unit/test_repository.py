@@ -1,6 +1,7 @@
 """Repository-wide rules: layering, CI entry point, README figures."""
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -56,6 +57,192 @@ def test_no_test_helper_ships_in_the_package():
                 assert not name.endswith(".testing"), f"{rel} imports {name}"
     for helper in TEST_HELPERS:
         assert (ROOT / "tests" / "integration" / f"{helper}.py").is_file()
+
+
+# -- the layers, computed from the real imports ------------------------------------------------------
+
+#: The layers from the bottom up; each names its units (a package or a module, matched by the longest
+#: prefix). A module may import its own unit and any unit of a lower layer; another unit of its own
+#: layer only where the layer says ``sideways``. Every module of spark_mq must be in some unit.
+LAYERS = [
+    ("ground", True, ["spark_mq.errors", "spark_mq.options", "spark_mq.workerheap"]),
+    ("protocol", False, ["spark_mq.protocol.amqp08", "spark_mq.protocol.stomp10", "spark_mq.protocol.malamute",
+                         "spark_mq.protocol.zmtp", "spark_mq.protocol"]),
+    ("transport", False, ["spark_mq.transport"]),
+    ("clients", False, ["spark_mq.clients"]),
+    ("spark and arrow helpers", True, ["spark_mq.compat", "spark_mq.arrowcols", "spark_mq.schema",
+                                       "spark_mq.writerlease", "spark_mq.sourcelog"]),
+    ("sources, sinks, broker", False, ["spark_mq.sources", "spark_mq.sinks", "spark_mq.malamute_broker"]),
+    ("formats", True, ["spark_mq.datasources", "spark_mq.registration", "spark_mq"]),
+    ("apps", True, ["spark_mq.cli", "spark_mq.demo", "spark_mq.bridge_job"]),
+    ("automatic registration", True, ["pyspark_amqp08", "pyspark_stomp", "pyspark_malamute"]),
+]
+#: layers below sources and sinks: no Spark, no Arrow (a client or a protocol runs without them)
+WITHOUT_SPARK = {"ground", "protocol", "transport", "clients"}
+SPARK_PACKAGES = {"pyspark", "pyarrow", "py4j"}
+#: (importer, imported): the imports allowed to run up a layer, each inside a module ``__getattr__``
+#: only. The DataSource classes moved up to spark_mq.datasources; their former public paths
+#: (spark_mq.sources.<format>.<Format>DataSource, in docs and notebooks) still give them.
+COMPAT_SHIMS = {(f"spark_mq.sources.{fmt}", "spark_mq.datasources") for fmt in ("amqp08", "stomp", "malamute")}
+#: (importer, imported): known exceptions, each with the reason it stays for now
+EXCEPTIONS: set = set()  # (importer, imported) pairs allowed against the layers: none
+
+
+def _python_modules() -> dict:
+    """Module name -> path, for spark_mq and the top-level pyspark_* modules."""
+    out = {}
+    for path in sorted((ROOT / "spark_mq").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    for path in sorted(ROOT.glob("pyspark_*.py")):
+        out[path.stem] = path
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def _imports(name: str, path: Path, known: dict) -> list:
+    """(imported module, line, inside a module __getattr__) for every import of the file, at any depth
+    (function-level imports included), and importlib.import_module calls with a literal name."""
+    tree = _tree(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    in_getattr = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and node in tree.body:
+            in_getattr.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]
+        out.extend((t, node.lineno, id(node) in in_getattr) for t in targets)
+    return out
+
+
+def _unit_of(name: str):
+    """(layer index, layer name, sideways, unit) of the longest unit that ``name`` is in, or None."""
+    best = None
+    for index, (layer, sideways, units) in enumerate(LAYERS):
+        for unit in units:
+            if (name == unit or name.startswith(unit + ".")) and (best is None or len(unit) > len(best[3])):
+                best = (index, layer, sideways, unit)
+    return best
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def layering_violations(modules: dict, only=None) -> list:
+    """Every import that breaks the layers (of the modules in ``only``, default all), as text; an empty
+    list when the house keeps its shape."""
+    problems = []
+    for name, path in modules.items():
+        if only is not None and name not in only:
+            continue
+        where = _unit_of(name)
+        if where is None:
+            problems.append(f"{name} is in no layer: add its unit to LAYERS")
+            continue
+        index, layer, sideways, unit = where
+        for target, line, in_getattr in _imports(name, path, modules):
+            at = f"{_shown(path)}:{line}"
+            top = target.split(".")[0]
+            if top in SPARK_PACKAGES and layer in WITHOUT_SPARK:
+                problems.append(f"{at}: {name} ({layer}) imports {target}: no Spark or Arrow below sources/sinks")
+            if target not in modules:
+                continue  # the standard library or a third party
+            other = _unit_of(target)
+            if (name, target) in EXCEPTIONS or ((name, target) in COMPAT_SHIMS and in_getattr):
+                continue
+            if other[0] > index:
+                problems.append(f"{at}: {name} ({layer}) imports {target} ({other[1]}): an import up a layer")
+            elif other[0] == index and other[3] != unit and not sideways:
+                problems.append(f"{at}: {name} imports {target}: {unit} and {other[3]} share the layer "
+                                f"{layer!r}, which allows no imports between its units")
+    return problems
+
+
+def import_cycles(modules: dict) -> list:
+    """The module cycles (each a sorted list of names), counting function-level imports; the
+    compatibility shims are left out."""
+    graph = {name: sorted({t for t, _, in_getattr in _imports(name, path, modules) if t in modules and t != name
+                           and not ((name, t) in COMPAT_SHIMS and in_getattr)})
+             for name, path in modules.items()}
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_every_import_runs_down_the_layers():
+    """protocol -> transport -> clients -> sources, sinks, broker -> datasources -> apps: each layer
+    imports only the layers below it (and, where allowed, the other units of its own); no pyspark or
+    pyarrow below sources/sinks; the protocols import none of each other."""
+    assert layering_violations(_python_modules()) == []
+
+
+def test_no_import_cycles_between_modules():
+    assert import_cycles(_python_modules()) == []
+
+
+def test_the_layering_rules_catch_a_violation(tmp_path):
+    """The rules fail on a bad import: a client that imports a source and pyspark, a protocol that
+    imports another protocol, a sink that imports a source, and a cycle hidden in a function."""
+    modules = _python_modules()
+    bad = {
+        "spark_mq.clients.bad": "from spark_mq.sources.base import gather\nimport pyspark\n",
+        "spark_mq.protocol.stomp10.bad": "def f():\n    from spark_mq.protocol.amqp08 import spec\n",
+        "spark_mq.sinks.bad": "from spark_mq.sources import ingest\n",
+        "spark_mq.sources.loop_a": "def f():\n    from spark_mq.sources import loop_b\n",
+        "spark_mq.sources.loop_b": "from spark_mq.sources.loop_a import f\n",
+    }
+    for name, text in bad.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        modules[name] = path
+    problems = "\n".join(layering_violations(modules, only=bad))
+    assert "spark_mq.clients.bad (clients) imports spark_mq.sources.base" in problems
+    assert "spark_mq.clients.bad (clients) imports pyspark" in problems
+    assert "spark_mq.protocol.stomp10.bad imports spark_mq.protocol.amqp08.spec" in problems
+    assert "spark_mq.sinks.bad imports spark_mq.sources.ingest" in problems
+    assert ["spark_mq.sources.loop_a", "spark_mq.sources.loop_b"] in import_cycles(modules)
 
 
 def test_ci_runs_exactly_the_readme_test_command():

@@ -59,7 +59,7 @@ def test_the_executor_read_path_freezes_before_its_first_batch():
         import gc
         import pyarrow as pa
         from spark_mq import schema as S
-        from spark_mq.sources.base import MemoryPartition, read_partition
+        from spark_mq.sources.partitions import MemoryPartition, read_partition
         rows = [(b"x", "m", None, 0, None, False, 0, "s", "m", "subj", "", None)]
         batch = S.build_batch("malamute", rows)
         sink = pa.BufferOutputStream()

@@ -1,7 +1,9 @@
-"""Build protocol clients from parsed connection options (shared by the sources and the sinks).
+"""Build protocol clients from parsed connection options (shared by the sources, the sinks and the apps).
 
-Responsible for: turning ``spark_mq.options.Options`` (uri, host list, port, credentials, virtual
-host, TLS, heartbeat, timeouts) into connected clients, trying the listed endpoints in turn.
+Responsible for: the broker URI schemes (which format a scheme names, ``format_of``; which schemes
+each format's option 'uri' accepts), turning ``spark_mq.options.Options`` (uri, host list, port,
+credentials, virtual host, TLS, heartbeat, timeouts) into connected clients, trying the listed
+endpoints in turn.
 Not responsible for retries over time, consuming or publishing: callers own those policies.
 
     conn = connect_amqp08(opts)                 # spark_mq.clients.amqp08.Connection
@@ -24,7 +26,7 @@ from spark_mq.errors import BrokerRefusedError, ConnectionClosedError, OptionErr
 from spark_mq.options import AMQP08, MALAMUTE, STOMP, Options, redact_uri
 from spark_mq.transport.stream import TlsOptions
 
-__all__ = ["Endpoint", "endpoints", "connect_amqp08", "connect_stomp", "connect_malamute", "tls_options", "refusal"]
+__all__ = ["SCHEME_FORMATS", "format_of", "Endpoint", "endpoints", "connect_amqp08", "connect_stomp", "connect_malamute", "tls_options", "refusal"]
 
 #: AMQP reply codes that answer the options, not the moment: access refused (credentials,
 #: permissions), not found (queue, vhost), precondition failed (a queue declared otherwise),
@@ -41,11 +43,31 @@ def refusal(exc: BaseException) -> bool:
     return isinstance(exc, AMQPError) and exc.reply_code in _REFUSAL_CODES
 
 _DEFAULT_PORTS = {AMQP08: (5672, 5671), STOMP: (61613, 61614), MALAMUTE: (9999, 9999)}
+#: format -> the URI schemes its option 'uri' accepts -> whether the scheme means TLS
 _SCHEMES = {
     AMQP08: {"amqp": False, "amqps": True},
     STOMP: {"stomp": False, "stomp+ssl": True, "stomp+tls": True, "ssl": True, "tcp": False},
     MALAMUTE: {"tcp": False, "ipc": False, "inproc": False},
 }
+#: schemes a format's option 'uri' accepts that do not name the format by themselves
+_ALIASES = {STOMP: {"ssl", "tcp"}, MALAMUTE: {"inproc"}}
+#: URI scheme -> the format it names (a broker URI given without a format: the CLI, the demo)
+SCHEME_FORMATS = {scheme: fmt for fmt, schemes in _SCHEMES.items() for scheme in schemes
+                  if scheme not in _ALIASES.get(fmt, ())}
+
+
+def format_of(uri: str) -> str:
+    """``amqp08``, ``stomp`` or ``malamute``: the format a broker URI's scheme names (``SCHEME_FORMATS``);
+    ``OptionError`` naming the URI (password masked) otherwise."""
+    try:
+        scheme = urlsplit(uri).scheme.lower()
+    except ValueError as exc:
+        raise OptionError(f"URI {redact_uri(uri)!r} cannot be parsed: {exc}") from None
+    if scheme not in SCHEME_FORMATS:
+        accepted = ", ".join(f"{s}://" for s in SCHEME_FORMATS)
+        what = f"unknown scheme {scheme!r}" if scheme else "no scheme"
+        raise OptionError(f"URI {redact_uri(uri)!r}: {what}; use one of {accepted}")
+    return SCHEME_FORMATS[scheme]
 
 
 @dataclass(frozen=True)
