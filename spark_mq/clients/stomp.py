@@ -397,6 +397,29 @@ class StompClient:
     def commit(self, transaction: str, *, receipt: bool = True, timeout: Optional[float] = None) -> None:
         self._call(lambda s, r: s.commit(transaction, receipt=r), receipt=receipt, timeout=timeout)
 
+    def send_and_commit(self, transaction: str, destination: str, body, *, headers: Optional[dict] = None,
+                        timeout: Optional[float] = None) -> None:
+        """SEND ``body`` as the last message of ``transaction``, then COMMIT, and return once the
+        broker has the transaction on disk. RabbitMQ answers a COMMIT's receipt before its messages
+        are on disk (a probe: 20,000 persistent messages so confirmed were all gone after a broker
+        SIGKILL right after it), but a receipt asked on a SEND of the transaction comes only once the
+        broker has confirmed that SEND, after the COMMIT, and one queue's messages are confirmed in
+        order: so there the last SEND carries a receipt too and both are waited for (20,000 of 20,000
+        kept, 3 of 3). Elsewhere (ActiveMQ commits to its store first) a SEND and a COMMIT's receipt."""
+        if not self._session.receipt_waits_for_commit(transaction):
+            self.send(destination, body, headers=headers, transaction=transaction)
+            self.commit(transaction, receipt=True, timeout=timeout)
+            return
+        last = self._call(lambda s, r: s.send(destination, body, headers=headers, transaction=transaction, receipt=r),
+                          receipt=True, wait=False)
+        try:
+            self.commit(transaction, receipt=True, timeout=timeout)
+        except BaseException:
+            self._waiters.pop(last[0], None)  # no receipt will come for it now
+            self._done_awaiting()
+            raise
+        self._await(*last, timeout)
+
     def abort(self, transaction: str, *, receipt: bool = True, timeout: Optional[float] = None) -> None:
         self._call(lambda s, r: s.abort(transaction, receipt=r), receipt=receipt, timeout=timeout)
 
@@ -523,8 +546,9 @@ class StompClient:
         if self._driver is None:
             raise StompLocalProtocolError("not connected: call connect() first")
 
-    def _call(self, op, *, receipt: bool, timeout: Optional[float] = None) -> None:
-        """Run ``op(session, receipt_id)`` for its bytes, write them, and with ``receipt`` wait."""
+    def _call(self, op, *, receipt: bool, timeout: Optional[float] = None, wait: bool = True):
+        """Run ``op(session, receipt_id)`` for its bytes, write them, and with ``receipt`` wait (or,
+        with ``wait=False``, return what ``_await`` takes to wait later)."""
         self._raise_pending()
         waiter = None
         with self._write_lock:
@@ -540,20 +564,27 @@ class StompClient:
                 if waiter is not None:
                     self._done_awaiting()
                 raise
-        if waiter is not None:
-            try:
-                # the RECEIPT (or ERROR) may be queued behind messages past the bound: read on
-                if self._driver.reading_paused:
-                    self._driver.resume_reading()
-                timeout = self.timeout if timeout is None else timeout
-                if not waiter.event.wait(timeout):
-                    self._waiters.pop(rid, None)
-                    self._raise_pending()
-                    raise ConnectionClosedError(f"no RECEIPT {rid!r} within {timeout}s")
-            finally:
-                self._done_awaiting()
-            if waiter.error is not None:
-                raise waiter.error
+        if waiter is None:
+            return None
+        if not wait:
+            return rid, waiter
+        self._await(rid, waiter, timeout)
+        return None
+
+    def _await(self, rid: str, waiter: _Waiter, timeout: Optional[float]) -> None:
+        try:
+            # the RECEIPT (or ERROR) may be queued behind messages past the bound: read on
+            if self._driver.reading_paused:
+                self._driver.resume_reading()
+            timeout = self.timeout if timeout is None else timeout
+            if not waiter.event.wait(timeout):
+                self._waiters.pop(rid, None)
+                self._raise_pending()
+                raise ConnectionClosedError(f"no RECEIPT {rid!r} within {timeout}s")
+        finally:
+            self._done_awaiting()
+        if waiter.error is not None:
+            raise waiter.error
 
     def _done_awaiting(self) -> None:
         with self._lock:

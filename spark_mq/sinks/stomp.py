@@ -7,8 +7,10 @@ as a TextMessage), ``destination`` (string; default: option ``destination``) and
 ``messageIdHeader`` (default ``spark-mq-message-id``) unless the row's headers set it, and
 ``persistent`` when that option is given.
 
-Per task: ``BEGIN``, the SEND frames (no receipts: RabbitMQ answers transactional receipts only at
-COMMIT anyway), then ``COMMIT`` with a receipt that the task waits for: its only round trip. A failure
+Per task: ``BEGIN``, the SEND frames, then ``COMMIT`` with a receipt that the task waits for: its only
+round trip. On RabbitMQ the last SEND carries a receipt too, waited for as well: RabbitMQ answers a
+COMMIT's receipt before the messages are on disk, that SEND's only once it has confirmed it
+(``StompClient.send_and_commit``). A failure
 sends ``ABORT`` (with a receipt, bounded wait); a broken connection is aborted by the broker.
 
 Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
@@ -98,24 +100,40 @@ class StompSession(Session):
 
         self.client = connect_stomp(opts)
         self.transaction = None
+        self._last = None  # the task's last message, sent with the COMMIT
         self.commit_timeout = opts.get("commitTimeout") or 120.0
 
     def begin(self, options: Options) -> None:
         self.commit_timeout = options.get("commitTimeout") or 120.0
         self.transaction = self.client.begin()
+        self._last = None
 
     def publish(self, messages: list) -> None:
+        # the task's last message is held back: it goes with the COMMIT (``send_and_commit``), which
+        # on RabbitMQ is what makes the COMMIT wait for the disk
+        if not messages:
+            return
         send = self.client.send
         tx = self.transaction
-        for destination, body, headers in messages:
+        if self._last is not None:
+            destination, body, headers = self._last
             send(destination, body, headers=headers, transaction=tx)
+        for destination, body, headers in messages[:-1]:
+            send(destination, body, headers=headers, transaction=tx)
+        self._last = messages[-1]
 
     def commit(self) -> None:
         tx, self.transaction = self.transaction, None
-        self.client.commit(tx, receipt=True, timeout=self.commit_timeout)
+        last, self._last = self._last, None
+        if last is None:
+            self.client.commit(tx, receipt=True, timeout=self.commit_timeout)
+        else:
+            destination, body, headers = last
+            self.client.send_and_commit(tx, destination, body, headers=headers, timeout=self.commit_timeout)
 
     def rollback(self) -> None:
         tx, self.transaction = self.transaction, None
+        self._last = None
         if tx is not None and self.client.connected:
             self.client.abort(tx, receipt=True, timeout=min(self.commit_timeout, _ABORT_TIMEOUT))
 
