@@ -143,7 +143,7 @@ def main(argv: list[str]) -> dict:
         "malamute->amqp08": (lambda d, k, s: mlm_preload(mlm.endpoint, d, k, s), "malamute",
                              lambda d: {"uri": mlm.endpoint, "mailbox": d}),
     }
-    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--pairs=")), None)
+    only = _arg(argv, "pairs", None, str)
     if only:
         pairs = {k: v for k, v in pairs.items() if any(k.startswith(w) for w in only.split(","))}
     figures: dict = {"n": n, "body_bytes": BODY, "rounds": rounds, "target_ratio": TARGET, "pairs": {}}

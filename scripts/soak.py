@@ -231,22 +231,16 @@ class Producer(threading.Thread):
             ch.publish_many(("", self.dest, self.body(s), BasicProperties(message_id=f"s{s}", delivery_mode=2))
                             for s in group)
             ch.tx_commit(timeout=60)
-        elif fmt == "stomp" and self.case.broker == "rabbitmq":
-            # RabbitMQ's STOMP adapter answers a COMMIT's receipt before the messages are on disk
-            # (the first full soak lost the 346 newest of a committed group to a broker SIGKILL): a
-            # receipt on a persistent SEND outside a transaction waits for the publisher confirm,
-            # and one queue's messages are confirmed in order, so the group's last receipt confirms it
+        elif fmt == "stomp":
+            # send_and_commit, as the stomp sink does: RabbitMQ answers a COMMIT's receipt before the
+            # messages are on disk (the first full soak lost the 346 newest of a committed group to a
+            # broker SIGKILL), the last SEND's receipt only once they are confirmed
             client = self._client
             persistent = {"persistent": "true"}
-            for s in group[:-1]:
-                client.send(self.dest, self.body(s), headers=persistent)
-            client.send(self.dest, self.body(group[-1]), headers=persistent, receipt=True)
-        elif fmt == "stomp":
-            client = self._client  # ActiveMQ: no loss of a receipted COMMIT seen through its SIGKILLs
             tx = client.begin()
-            for s in group:
-                client.send(self.dest, self.body(s), headers={"persistent": "true"}, transaction=tx)
-            client.commit(tx, timeout=60)
+            for s in group[:-1]:
+                client.send(self.dest, self.body(s), headers=persistent, transaction=tx)
+            client.send_and_commit(tx, self.dest, self.body(group[-1]), headers=persistent, timeout=60)
         else:
             client = self._client
             recoveries = client.recoveries
