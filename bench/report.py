@@ -92,8 +92,11 @@ def _sources(rows: list) -> None:
                      + (f"; median of {row['rounds']} rounds: "
                         + ", ".join(f"x{x:.2f}" for x in row["round_ratios"]) if row.get("rounds", 1) > 1 else "")
                      + (f"; Spark alone on the same rows x{row['ceiling_ratio']:.2f}, best possible here "
-                        f"x{row['best_possible_ratio']:.2f}" if "ceiling_ratio" in row else ""),
-                     ">= 0.7", r.get("when", "")))
+                        f"x{row['best_possible_ratio']:.2f}" if "ceiling_ratio" in row else "")
+                     + (f"; x{row['peer_ratio']:.2f} of {row['peer']} ({row['peer_msgs_per_s']:,.0f} msg/s) in the same run"
+                        if "peer_ratio" in row else ""),
+                     ">= 0.7" + (f" (>= 0.9 of {row['peer']})" if fmt == "stomp-activemq" and "peer" in row else ""),
+                     r.get("when", "")))
 
 
 def _sinks(rows: list) -> None:

@@ -34,6 +34,12 @@ class Consumer(ABC):
     dead_letters: bool = False
     #: ``broker_stamp_ms`` tells when the broker took a message in
     broker_stamps: bool = False
+    #: at most this many messages per group (None: the ingest's own sizing); set per connection where
+    #: the broker decides (ActiveMQ dispatches a page per wake-up: see ``spark_mq.sources.stomp``)
+    max_group: Optional[int] = None
+    #: in durable mode on a local fsynced log, the flusher thread fsyncs each group and acks it as soon
+    #: as it is durable, while the ingest gathers the next (the broker wakes at acks: ActiveMQ)
+    ack_when_durable: bool = False
 
     @abstractmethod
     def poll(self, max_count: int, timeout: float) -> list:

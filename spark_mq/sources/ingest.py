@@ -308,6 +308,11 @@ class Ingest:
         # the messages to ack once durable in durable mode, else None), oldest first
         self._unsynced: deque = deque()
         self._flusher: Optional[_Flusher] = None
+        # durable mode with the fsync in the flusher thread (see _adopt): that thread acknowledges
+        # each group once it is durable; popping a group and sending its ACK happen under _ack_lock
+        # (cumulative ACKs must go out in order, each once)
+        self._acks_on_sync = False
+        self._ack_lock = threading.Lock()
         self._dedup = _Dedup(opts.dedupWindow)
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
         self._resumed.set()
@@ -347,10 +352,43 @@ class Ingest:
     def start(self) -> None:
         if self._thread is None:
             if self._overlap_fsync():
-                self.log.defer_writes()  # the flusher writes each group too, then fsyncs it
-                self._flusher = _Flusher(self.log, f"spark-mq-fsync-{self.fmt}", self._notify)
+                self._start_flusher()
             self._thread = threading.Thread(target=self._run, name=f"spark-mq-ingest-{self.fmt}", daemon=True)
             self._thread.start()
+
+    def _start_flusher(self) -> None:
+        self.log.defer_writes()  # the flusher writes each group too, then fsyncs it
+        self._flusher = _Flusher(self.log, f"spark-mq-fsync-{self.fmt}", self._on_synced)
+
+    def _adopt(self, consumer) -> None:
+        """A new consumer's wishes about grouping, known only once connected (the broker behind a
+        STOMP uri): ``max_group`` caps a group's messages; ``ack_when_durable`` (durable mode, on a
+        local fsynced log) moves the fsync into the flusher thread, which acknowledges each group as
+        soon as it is durable (``_ack_durable``), while this thread gathers the next. ActiveMQ asks
+        for both: it dispatches a page per wake-up and wakes at ACKs (see ``spark_mq.sources.stomp``).
+        The flusher is started at most once, before anything waits for an fsync."""
+        cap = consumer.max_group
+        if cap:
+            self._group_limit = max(1, min(self._group_limit, cap))
+            self._group_count = min(self._group_count, self._group_limit)
+        if (consumer.ack_when_durable and self.ack_mode == "durable" and self._flusher is None
+                and not self._unsynced and self.log.local and self.log.fsync):
+            self._acks_on_sync = True
+            self._start_flusher()
+
+    def _on_synced(self) -> None:
+        """The flusher made more of the log durable (or failed): acknowledge where it does so, tell
+        the waiters."""
+        if self._acks_on_sync and self._flusher is not None and self._flusher.error is None:
+            try:
+                self._ack_durable()
+            except (SparkMqError, OSError) as exc:
+                # the connection failed: the ingest thread finds out at its next poll and connects
+                # again; the broker redelivers these, and the log drops them as duplicates
+                log.debug("%s source: an ack after an fsync failed: %s", self.fmt, exc)
+            except Exception:  # noqa: BLE001 - the flusher thread must go on making the log durable
+                log.exception("%s source: an ack after an fsync failed", self.fmt)
+        self._notify()
 
     def hold_until_resumed(self) -> None:
         """Before ``start``: where the log holds no message (new, wiped, or all committed), take
@@ -376,7 +414,8 @@ class Ingest:
         append is durable when written). With acks after the fsync (``ackMode=durable`` on AMQP and
         STOMP) the group waiting for its fsync holds half the prefetch unacknowledged and the broker
         stops sooner: measured slower there (``bench ingest``, amqp08 100 B: 0.75 against 0.84 of
-        the raw client), so the fsync stays inline."""
+        the raw client), so the fsync stays inline; except where the consumer asks otherwise once
+        connected (``_adopt``: STOMP on ActiveMQ, whose queue sends a page per wake-up, not a prefetch)."""
         no_acks = self.fmt in _NO_REDELIVERIES or self.ack_mode != "durable"
         return no_acks and self.log.local and self.log.fsync
 
@@ -494,6 +533,7 @@ class Ingest:
                     # (a pause of the lost one, or one that failed with it, says nothing of this one)
                     self.paused = False
                     self._stable_ids = consumer.stable_ids
+                    self._adopt(consumer)
                     # A new session after a lost one, or the first of a restarted query: the broker
                     # may send again messages whose acks it lost, without marking them redelivered
                     # (ActiveMQ after a broker restart). At most a prefetch of them comes first:
@@ -860,6 +900,31 @@ class Ingest:
         else:
             self._settle(keep=0)
 
+    def _ack_durable(self) -> None:
+        """Drop the groups that are durable from ``_unsynced``, oldest first, acknowledging each
+        (durable mode) with one cumulative ACK: the ingest thread (``_settle``) and, with
+        ``_acks_on_sync``, the flusher thread after each fsync. Nothing is acknowledged before the
+        fsync covering it has returned (``durable_head``)."""
+        unsynced = self._unsynced
+        acked = False
+        with self._ack_lock:
+            durable = self.log.durable_head
+            consumer, gen = self._consumer, self._generation
+            while unsynced and unsynced[0][0] <= durable:
+                _, group_gen, msgs = unsynced[0]
+                # a group taken by a connection since lost is redelivered by the broker (and dropped as a
+                # duplicate of what the log holds): its acks have nowhere to go
+                if msgs is not None and group_gen == gen and consumer is not None:
+                    consumer.ack(msgs)
+                    acked = True
+                unsynced.popleft()
+                if not unsynced:
+                    self.first_poll_done = True  # every poll's messages are durable (see _settle)
+        if acked:
+            # the broker held the rest back while these waited for the disk (prefetch): its silence
+            # counts from now, or an fsync slower than quietPeriod would end an availableNow drain
+            self.last_message = time.monotonic()
+
     def _write_error(self, exc: BaseException) -> LogWriteError:
         # not a broker problem: reconnecting would take the same messages again, and the identities
         # just remembered would drop them as duplicates of what never reached the log
@@ -884,20 +949,7 @@ class Ingest:
             if waits:
                 self.log_waits += 1
                 self.log_wait_seconds += time.monotonic() - started
-        durable = self.log.durable_head
-        consumer, gen = self._consumer, self._generation
-        acked = False
-        while unsynced and unsynced[0][0] <= durable:
-            _, group_gen, msgs = unsynced.popleft()
-            # a group taken by a connection since lost is redelivered by the broker (and dropped as a
-            # duplicate of what the log holds): its acks have nowhere to go
-            if msgs is not None and group_gen == gen and consumer is not None:
-                consumer.ack(msgs)
-                acked = True
-        if acked:
-            # the broker held the rest back while these waited for the disk (prefetch): its silence
-            # counts from now, or an fsync slower than quietPeriod would end an availableNow drain
-            self.last_message = time.monotonic()
+        self._ack_durable()
         if flusher is not None and flusher.error is not None and unsynced:
             raise self._write_error(flusher.error) from flusher.error
         if not unsynced:
