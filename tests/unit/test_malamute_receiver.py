@@ -13,7 +13,7 @@ import random
 import pyarrow as pa
 import pytest
 
-import spark_mq.clients.malamute as M
+import spark_mq.clients.malamute_receiver as R
 from spark_mq import schema as S
 from spark_mq.clients.malamute import DEFAULT_READ_BUFFER, MalamuteReceiver
 from spark_mq.protocol.malamute import codec
@@ -34,7 +34,7 @@ def sock(monkeypatch) -> ScriptedSocket:
     """The socket the next receiver gets, its handshake and the OK to its CONNECTION-OPEN waiting."""
     scripted = ScriptedSocket()
     scripted.inbound += PEER_GREETING + PEER_READY + wire(codec.Ok())
-    monkeypatch.setattr(M, "ZmtpDealer", lambda endpoint, buffer_size: ScriptedDealer([scripted]))
+    monkeypatch.setattr(R, "ZmtpDealer", lambda endpoint, buffer_size: ScriptedDealer([scripted]))
     return scripted
 
 
