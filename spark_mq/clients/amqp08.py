@@ -41,7 +41,9 @@ from spark_mq.clients.amqp08_channel import (
 )
 from spark_mq.errors import ConnectionClosedError, LocalProtocolError, RemoteProtocolError, SparkMqError
 from spark_mq.protocol.amqp08 import spec
-from spark_mq.protocol.amqp08.connection import (
+from spark_mq.protocol.amqp08.connection import Connection as ProtocolConnection
+from spark_mq.protocol.amqp08.errors import AuthenticationError, ConnectionRedirect
+from spark_mq.protocol.amqp08.events import (
     ChannelClosed,
     ChannelOpened,
     ConnectionClosed,
@@ -52,8 +54,6 @@ from spark_mq.protocol.amqp08.connection import (
     FlowChanged,
     MethodReceived,
 )
-from spark_mq.protocol.amqp08.connection import Connection as ProtocolConnection
-from spark_mq.protocol.amqp08.errors import AuthenticationError, ConnectionRedirect
 from spark_mq.protocol.amqp08.spec import BasicProperties
 from spark_mq.transport.stream import StreamDriver, TlsOptions, open_socket
 

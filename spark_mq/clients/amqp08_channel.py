@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Iterator, Optional
 from spark_mq.errors import ConnectionClosedError, LocalProtocolError, SparkMqError
 from spark_mq.protocol.amqp08 import spec
 from spark_mq.protocol.amqp08.codec import Method
-from spark_mq.protocol.amqp08.connection import ContentReceived
 from spark_mq.protocol.amqp08.errors import AMQPChannelError
+from spark_mq.protocol.amqp08.events import ContentReceived
 from spark_mq.protocol.amqp08.spec import BasicProperties
 
 DEFAULT_TIMEOUT = 30.0
