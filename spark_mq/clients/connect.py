@@ -197,7 +197,7 @@ def _fail(fmt: str, tried: list, errors: list, refused: Optional[list] = None) -
 
 def _whole_seconds(heartbeat: float) -> int:
     """AMQP 0-8 negotiates the heartbeat in whole seconds: a fraction rounds up (0.5 s asks for
-    1 s; rounded to the nearest it was 0, which turns heartbeats off)."""
+    1 s; rounded to the nearest it would be 0, which turns heartbeats off)."""
     return math.ceil(heartbeat) if heartbeat > 0 else 0
 
 

@@ -11,8 +11,8 @@ Threads: the reader thread parses frames and queues MESSAGE frames for ``receive
 the application serialise on a write lock.  The session lock is never held while writing to the
 socket, so a broker that blocks on a full socket cannot deadlock us against our own reader.
 
-Loses nothing: ``disconnect`` first settles open transactions (abort by default, the behaviour
-both measured brokers already have, made explicit), then sends DISCONNECT with a receipt and waits
+Loses nothing: ``disconnect`` first settles open transactions (abort by default, what RabbitMQ
+and ActiveMQ do anyway, made explicit), then sends DISCONNECT with a receipt and waits
 for it, so every frame sent before was processed; messages already received stay readable with
 ``receive`` after the disconnect.  An ERROR frame is raised as ``StompError`` to the call waiting
 for the receipt it names, or (no receipt-id) to every waiter and the next call.
@@ -21,20 +21,25 @@ Bounded: MESSAGE frames queued for ``receive`` are held up to ``max_buffered_mes
 ``max_buffered_bytes`` (of bodies); past that the reader leaves the socket unread, so TCP fills and
 the broker stops sending (the only bound on an ack:auto subscription, which has no prefetch), until
 the application takes some.  While a call waits for its RECEIPT (which may be queued behind those
-messages) the reader reads on past the bound.
+messages) the reader reads on past the bound.  The inbox and its bound are ``stomp_inbox.Inbox``.
 
 It must not parse frames itself or know socket details beyond ``spark_mq.transport.stream``.
+
+Over 500 lines on purpose: what stays here is one connection's frames out (coalesced writes, receipts,
+transactions) and in (dispatch, errors, close), all ordered by the session lock and the write lock;
+split, that lock discipline, which keeps the client from deadlocking against its own reader, could
+no longer be read in one place.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, List, Optional, Union
 from urllib.parse import unquote, urlsplit
 
+from spark_mq.clients.stomp_inbox import Inbox
 from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.protocol.stomp10 import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -115,7 +120,7 @@ class StompClient:
         self.timeout = timeout
         if virtual_host and virtual_host != "/":
             # RabbitMQ's STOMP adapter takes the virtual host from CONNECT's host header (stomp://host/vhost);
-            # without it the default vhost was used, silently
+            # without it the default vhost is used, silently
             connect_headers = {"host": virtual_host, **(connect_headers or {})}
         self._connect_headers = connect_headers
         self._on_open_tx = on_open_transaction
@@ -123,20 +128,13 @@ class StompClient:
         self._lock = threading.Lock()  # guards the session
         self._write_lock = threading.Lock()  # orders frames from application threads
         self._driver: Optional[StreamDriver] = None
-        self._inbox: collections.deque = collections.deque()
-        self._inbox_cond = threading.Condition(threading.Lock())
+        # MESSAGE frames held for receive, against max_buffered_messages/max_buffered_bytes
+        self._inbox = Inbox(max_buffered_messages, max_buffered_bytes)
         self._waiters: dict = {}  # receipt id -> _Waiter
         self._connected = _Waiter()
         self._error: Optional[BaseException] = None  # an ERROR frame nobody waited for
         self._closed: Optional[BaseException] = None  # why the stream ended
-        self._receivers_waiting = 0
         self._callbacks: dict = {}  # subscription id -> on_message callback
-        # Messages held for receive: counted in by the reader, out (under _take_lock) by takers.
-        self.max_buffered_messages = max_buffered_messages
-        self.max_buffered_bytes = max_buffered_bytes
-        self._in_msgs = self._in_bytes = 0
-        self._out_msgs = self._out_bytes = 0
-        self._take_lock = threading.Lock()
         self._awaiting = 0  # calls waiting for a receipt (under _lock): read past the bound meanwhile
         # Write coalescing: plain sends go to _wbuf (under _write_lock); any other frame, a full
         # buffer, or the flusher thread after ``linger`` seconds writes the buffer out, in order.
@@ -167,9 +165,9 @@ class StompClient:
     # -- connection --------------------------------------------------------------------------
     def connect(self) -> "StompClient":
         sock = open_socket(self.host, self.port, timeout=self.timeout, tls=self._tls)
-        bounded = self.max_buffered_messages is not None or self.max_buffered_bytes is not None
         self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}",
-                                    may_read=self._may_read if bounded else None)
+                                    may_read=self._may_read if self._inbox.bounded else None)
+        self._inbox.driver = self._driver
         with self._lock:
             data = self._session.connect(self._login, self._passcode, self._connect_headers)
         # CONNECT goes out before the reader thread starts, so a TLS socket is not read and
@@ -401,11 +399,10 @@ class StompClient:
                         timeout: Optional[float] = None) -> None:
         """SEND ``body`` as the last message of ``transaction``, then COMMIT, and return once the
         broker has the transaction on disk. RabbitMQ answers a COMMIT's receipt before its messages
-        are on disk (a probe: 20,000 persistent messages so confirmed were all gone after a broker
-        SIGKILL right after it), but a receipt asked on a SEND of the transaction comes only once the
-        broker has confirmed that SEND, after the COMMIT, and one queue's messages are confirmed in
-        order: so there the last SEND carries a receipt too and both are waited for (20,000 of 20,000
-        kept, 3 of 3). Elsewhere (ActiveMQ commits to its store first) a SEND and a COMMIT's receipt."""
+        are on disk (a broker SIGKILL right after it can lose them all), but a receipt asked on a SEND
+        of the transaction comes only once the broker has confirmed that SEND, after the COMMIT, and
+        one queue's messages are confirmed in order: so there the last SEND carries a receipt too and
+        both are waited for. Elsewhere (ActiveMQ commits to its store first) a SEND and a COMMIT's receipt."""
         if not self._session.receipt_waits_for_commit(transaction):
             self.send(destination, body, headers=headers, transaction=transaction)
             self.commit(transaction, receipt=True, timeout=timeout)
@@ -450,51 +447,16 @@ class StompClient:
     def receive(self, timeout: Optional[float] = None) -> Optional[Frame]:
         """The next MESSAGE frame, or ``None`` after ``timeout`` seconds.  Raises the ERROR or
         connection loss that ended the stream once every message before it is taken."""
-        inbox = self._inbox
-        try:
-            frame = inbox.popleft()
-        except IndexError:
-            pass
-        else:
-            self._took(1, len(frame.body))
-            return frame
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._inbox_cond:
-            # Count ourselves as waiting *before* looking, so the reader's unlocked check of
-            # the count after adding messages cannot miss us.
-            self._receivers_waiting += 1
-            try:
-                while not inbox:
-                    self._raise_pending()
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return None
-                    self._inbox_cond.wait(remaining)
-                frame = inbox.popleft()
-            finally:
-                self._receivers_waiting -= 1
-        self._took(1, len(frame.body))
-        return frame
+        return self._inbox.take(timeout, self._raise_pending)
 
     def receive_many(self, max_count: int, timeout: Optional[float] = None) -> List[Frame]:
         """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then takes
         whatever else is already here."""
-        first = self.receive(timeout)
+        first = self._inbox.take(timeout, self._raise_pending)
         if first is None:
             return []
         out = [first]
-        inbox = self._inbox
-        popleft = inbox.popleft
-        nbytes = 0
-        try:
-            while len(out) < max_count:
-                frame = popleft()
-                out.append(frame)
-                nbytes += len(frame.body)
-        except IndexError:
-            pass
-        if len(out) > 1:
-            self._took(len(out) - 1, nbytes)
+        self._inbox.take_more(out, max_count)
         return out
 
     @property
@@ -511,31 +473,30 @@ class StompClient:
     @property
     def buffered_bytes(self) -> int:
         """Body bytes of those frames."""
-        return max(0, self._in_bytes - self._out_bytes)
+        return self._inbox.buffered_bytes
 
-    # -- flow control towards the application ----------------------------------------------------
+    @property
+    def max_buffered_messages(self) -> Optional[int]:
+        return self._inbox.max_messages
+
+    @max_buffered_messages.setter
+    def max_buffered_messages(self, bound: Optional[int]) -> None:
+        self._inbox.max_messages = bound
+
+    @property
+    def max_buffered_bytes(self) -> Optional[int]:
+        return self._inbox.max_bytes
+
+    @max_buffered_bytes.setter
+    def max_buffered_bytes(self, bound: Optional[int]) -> None:
+        self._inbox.max_bytes = bound
+
     def _may_read(self) -> bool:
         """Asked by the reader before each read: room for more messages, or a receipt awaited (it
         may be queued behind messages nobody takes yet), or the connection is ending."""
         if self._awaiting or self._closed is not None:
             return True
-        bound = self.max_buffered_messages
-        if bound is not None and self._in_msgs - self._out_msgs >= bound:
-            return False
-        bound = self.max_buffered_bytes
-        return bound is None or self._in_bytes - self._out_bytes < bound
-
-    def _took(self, count: int, nbytes: int) -> None:
-        with self._take_lock:
-            self._out_msgs += count
-            self._out_bytes += nbytes
-        driver = self._driver
-        if driver is not None and driver.reading_paused:
-            # wake the reader once half the bound is free: it then reads in large pieces again
-            m, b = self.max_buffered_messages, self.max_buffered_bytes
-            if (m is None or self._in_msgs - self._out_msgs <= m // 2) and \
-                    (b is None or self._in_bytes - self._out_bytes <= b // 2):
-                driver.resume_reading()
+        return self._inbox.has_room()
 
     # -- machinery ---------------------------------------------------------------------------
     def _raise_pending(self) -> None:
@@ -625,12 +586,7 @@ class StompClient:
             else:  # CONNECTED
                 self._connected.event.set()
         if messages:
-            self._in_bytes += sum(len(m.body) for m in messages)
-            self._in_msgs += len(messages)
-            self._inbox.extend(messages)
-            if self._receivers_waiting:
-                with self._inbox_cond:
-                    self._inbox_cond.notify_all()
+            self._inbox.put(messages)
 
     def _on_error(self, frame: Frame) -> None:
         error = frame.to_error()
@@ -677,8 +633,7 @@ class StompClient:
         for waiter in waiters.values():
             waiter.error = error
             waiter.event.set()
-        with self._inbox_cond:
-            self._inbox_cond.notify_all()
+        self._inbox.wake()
 
 
 __all__ = ["StompClient", "StompError", "TlsOptions", "AckMode", "Frame", "DEFAULT_MAX_FRAME_SIZE"]

@@ -19,7 +19,7 @@ class UndecodableProperties(spec.BasicProperties):
     connection goes on and the message is delivered: a consumer decides what it means (the
     ``amqp08`` source treats it as a poison message). RabbitMQ parses what publishers send but
     passes, for one, a headers table nested 2,000 deep, past Python's recursion limit: failing the
-    connection on it failed every session, the broker redelivering it first."""
+    connection on it would fail every session, as the broker redelivers it first."""
 
     __slots__ = ("raw", "error")
 
