@@ -472,7 +472,7 @@ def main(argv: list[str]) -> dict:
     # They are kept in memory, as the reference broker (zeromq/malamute) keeps them: the journal of
     # --mailbox-dir, our broker's extension, cost it 2-3 CPU-s more per 1,500,000 x 4 KiB drain
     # whichever client drained it: CPU of this 2-core machine that both runs pay for, the CPU-bound
-    # source run the more (scratch A/B of 2026-11-28 in docs/performance.md, "The Malamute broker's
+    # source run the more (scratch A/B of 2026-11-28 in bench/HISTORY.md, "The Malamute broker's
     # journal"). Until then the benchmark's broker journaled them.
     mlm = BrokerProcess(client_timeout=60.0,
                         args=("--max-queue", str(max(max(COUNTS["malamute"].values()) * 2, memory_mlm_n))))

@@ -155,9 +155,9 @@ class Amqp08Consumer(Consumer):
         self.ch.tx_commit()
 
     # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
-    # TCP holds the broker back, in every mode. (auto mode cancelled its consumer here until
-    # 2026-11-28: cancel-ok queues behind whatever the broker has already written, so the cancel
-    # pulled all of that into memory.) keepalive: the client's reader thread keeps the heartbeat.
+    # TCP holds the broker back, in every mode. (Not a basic.cancel: cancel-ok queues behind whatever
+    # the broker has already written, so a cancel would pull all of that into memory.) keepalive: the
+    # client's reader thread keeps the heartbeat.
 
     def depth(self):
         """The queue's depth for the figures. In ``auto`` mode it is asked on a connection of its own:

@@ -257,11 +257,9 @@ class MQStreamReader(DataSourceStreamReader):
         drain (a bridge) then writes while the ingest drains, and a long drain still makes only a
         dozen or so batches a minute, growing. Planning many small batches while the
         ingest is still draining would spend the machine on per-batch overhead instead of on the
-        drain: measured, 400,000 x 4 KiB Malamute mails planned every 128 MiB (13 batches) gave 0.31
-        / 0.32 of the raw client, every 512 MiB (4 batches) 0.37 / 0.38, with half the JVM's CPU. Planning
-        at an eighth of the bound again, with the JVM's JIT warmed (1,000,000 x 4 KiB, 5 alternating
-        rounds, 2026-11-26): Spark no longer waited in here, but the runs took as long (mean 25.7 s
-        against 25.9 s), the JVM spending the time saved on 3 times the batches (docs/performance.md)."""
+        drain: planned at an eighth of the bound, Spark no longer waits in here, but the runs take as
+        long, the JVM spending the time saved on 3 times the batches (docs/performance.md, "Batch
+        planning and Spark's waits"; the runs: bench/HISTORY.md)."""
         if ing.target is not None:
             return True
         head = ing.log.durable_head

@@ -77,19 +77,17 @@ class StompConsumer(Consumer):
         self.stable_ids = profile.name != "rabbitmq"
         self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
         # ActiveMQ stops sending a queue to a consumer that fell behind (its socket full for a
-        # moment) after the page it holds (200 messages) until acknowledgements come: measured through
-        # a relay that stalled 3 s, 200 of 300 came and the rest 7 s later, right after an ack
+        # moment) after the page it holds (200 messages) until acknowledgements come
         self.acks_release_more = profile.name == "activemq"
         # ... and it does so at every ack too: a queue pages in at most ``maxPageSize`` (200 by default)
         # messages per dispatch round, and a round runs when something wakes the queue (a send, a
-        # subscription, an ack), never because the consumer has prefetch left. A preloaded queue
-        # drained with ack:client and prefetch 1000 gave 200 and then nothing until an ACK (measured
-        # on 5.17.2, 2026-11-28: each ACK released one to three pages). The ingest's groups (one fsync,
-        # one ACK each) were up to prefetch/2 = 500: every group waited out fsyncInterval (50 ms) at
-        # 200 messages, 8,900 msg/s against stomp.py's 26,900 acking every 100. So on ActiveMQ a group
-        # is at most half a page (``max_group``), and its fsync runs in the ingest's flusher thread,
-        # which acknowledges each group as soon as it is durable (``ack_when_durable``): an ACK per
-        # 100 messages, as the peer's, with the fsync off the receiving thread.
+        # subscription, an ack), never because the consumer has prefetch left: on a preloaded queue
+        # about 200 messages past the last ACK are the window, whatever the prefetch. Groups of up to
+        # prefetch/2 (one fsync, one ACK each) would each wait out fsyncInterval at 200 messages
+        # (measured: a third of stomp.py's rate). So on ActiveMQ a group is at most half a page
+        # (``max_group``), and its fsync runs in the ingest's flusher thread, which acknowledges each
+        # group as soon as it is durable (``ack_when_durable``): an ACK per 100 messages, as the
+        # peer's, with the fsync off the receiving thread. The probes: bench/HISTORY.md.
         # (durable mode only: ack:auto needs no ACK, and in commit mode the ACKs wait for Spark's commit)
         durable = profile.name == "activemq" and not self.auto and not self.commit_mode
         self.max_group = ACTIVEMQ_GROUP if durable else None
@@ -187,9 +185,9 @@ class StompConsumer(Consumer):
         self.client.commit(tx)
 
     # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
-    # TCP holds the broker back, in every mode. (auto mode unsubscribed here until 2026-11-28: the
-    # RECEIPT queues behind whatever the broker has already written, so the UNSUBSCRIBE pulled all of
-    # that into memory.) keepalive: the client's reader thread keeps the heartbeat.
+    # TCP holds the broker back, in every mode. (Not an UNSUBSCRIBE: its RECEIPT queues behind whatever
+    # the broker has already written, so it would pull all of that into memory.) keepalive: the
+    # client's reader thread keeps the heartbeat.
 
     def broker_stamp_ms(self, frame) -> Optional[int]:
         """When the message was sent (ms since the epoch), where the broker says so: ActiveMQ

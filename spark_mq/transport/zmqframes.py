@@ -4,18 +4,14 @@ Responsible for: the per-message receive of the Malamute client's IO thread and 
 broker's loop, and the embedded broker's per-message send. ``Socket.recv_multipart`` asks ``getsockopt(RCVMORE)`` after every frame, through
 pyzmq's Python-level option handling (an enum conversion per call, seen in profiles of the
 source's reader process); a frame received with ``copy=False`` carries its own "more" flag, so
-this saves that call per frame (about a third of the receive's cost for a two-frame message on
-inproc, in a scratch measurement; the end-to-end rates in ``./dev bench sources`` did not move
-beyond this machine's noise).
+this saves that call per frame (about a third of the receive's cost for a two-frame message).
 
 ``Socket.send_multipart`` type-checks every part in Python, then sends each through the Python
 ``Socket.send`` wrapper with ``zmq.SNDMORE | flags``: an ``enum.Flag`` operation per frame, whose
-enum machinery (``Flag.__or__``, ``EnumType.__call__``, ``Enum.__new__``) was about 14% of the
-broker's samples in a py-spy profile of a 1,000,000 x 4 KiB mailbox drain, the wrappers as much
-again. ``send_frames`` calls the extension type's ``send`` with precomputed ``int`` flags: the
-same frames, flags and copying (``copy=True``), so the same message on the wire; a 3-frame
-message (routing id, header, 4 KiB) costs about 2 us against 9-13 us (scratch ``timeit`` on
-inproc).
+enum machinery and the wrappers showed in the broker's profiles. ``send_frames`` calls the
+extension type's ``send`` with precomputed ``int`` flags: the same frames, flags and copying
+(``copy=True``), so the same message on the wire; a 3-frame message (routing id, header, 4 KiB)
+costs about 2 us against 9-13 us. The measurements: bench/HISTORY.md.
 """
 
 from __future__ import annotations
