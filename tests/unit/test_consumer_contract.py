@@ -33,11 +33,16 @@ def test_every_consumer_subclasses_the_base_and_implements_its_abstract_methods(
 
 
 def test_the_ingest_modules_probe_no_capability_with_getattr():
+    import spark_mq.sources.availablenow as availablenow
     import spark_mq.sources.base as base
     import spark_mq.sources.batchread as batchread
+    import spark_mq.sources.dedup as dedup
     import spark_mq.sources.ingest as ingest
+    import spark_mq.sources.poison as poison
+    import spark_mq.sources.progress as progress
+    import spark_mq.sources.writebehind as writebehind
 
-    for module in (ingest, batchread, base):
+    for module in (ingest, availablenow, dedup, poison, progress, writebehind, batchread, base):
         assert "getattr(consumer" not in inspect.getsource(module)
         assert "getattr(self.consumer" not in inspect.getsource(module)
 

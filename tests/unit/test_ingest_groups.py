@@ -75,11 +75,11 @@ class _FakeConsumer(_Stub):
 
 
 def test_a_group_larger_than_the_append_bound_is_appended_in_runs(tmp_path, monkeypatch):
-    """A group whose bodies (and extra frames) pass ``_MAX_APPEND_BYTES`` goes to the log as several
+    """A group whose bodies (and extra frames) pass ``MAX_APPEND_BYTES`` goes to the log as several
     batches with contiguous offsets and one fsync; a single body larger than the bound is a run of its own."""
-    import spark_mq.sources.ingest as ingest_mod
+    import spark_mq.sources.groups as groups_mod
 
-    monkeypatch.setattr(ingest_mod, "_MAX_APPEND_BYTES", 10_000)
+    monkeypatch.setattr(groups_mod, "MAX_APPEND_BYTES", 10_000)
     ing = _ingest(tmp_path)
     bodies = [bytes([i]) * 3000 for i in range(10)] + [b"x" * 25_000] + [b"y" * 10 for _ in range(5)]
     frames = {2: [b"a" * 3000, b"b" * 6000]}  # message 2 carries 9,000 more bytes of frames
@@ -228,7 +228,7 @@ def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monk
     whose poll brings nothing waits for it (what came before is acknowledged then)."""
     import threading
 
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     acked = []
 
@@ -268,7 +268,7 @@ def test_a_slow_fsync_keeps_the_consumers_heartbeat(tmp_path, monkeypatch):
     ``keepalive`` (a Malamute client driven by this thread has no other thread to ping the broker)."""
     import threading
 
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     beats = []
 
@@ -300,7 +300,8 @@ def test_a_slow_fsync_keeps_the_consumers_heartbeat(tmp_path, monkeypatch):
 def test_a_fsync_thread_that_dies_fails_the_ingest(tmp_path, monkeypatch):
     """Any failure of the fsync thread, not only an OSError, ends durability: the next wait for it
     fails the ingest (naming the log) instead of waiting forever with nothing becoming durable."""
-    from spark_mq.sources.ingest import LogWriteError, _Flusher
+    from spark_mq.sources.ingest import LogWriteError
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path)
     ing._consumer = _FakeConsumer([b"a"])
@@ -327,7 +328,7 @@ def test_an_fsync_failure_at_stop_is_an_error_not_a_redelivery(tmp_path, monkeyp
     import errno
     import logging
 
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path)
     ing._consumer = _FakeConsumer([b"a"])
@@ -480,7 +481,7 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     disk, and none of them is offered to Spark before its fsync returns."""
     import threading
 
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, **({"fsyncBytes": fsync_bytes} if fsync_bytes else {}))
     assert ing._unsynced_groups == waiting
@@ -532,7 +533,7 @@ def test_while_an_fsync_is_slow_every_group_is_written_at_once(tmp_path, monkeyp
     import os
     import threading
 
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, fsyncBytes="16k")       # 4,096 groups may wait for the fsync, 4 unwritten
     assert ing._unsynced_groups == 4096 and ing._unwritten_keep == 4 * 16384
@@ -567,7 +568,7 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     import threading
 
     import spark_mq.sourcelog as sourcelog_mod
-    from spark_mq.sources.ingest import _Flusher
+    from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, fsyncBytes="16k")
     ing._consumer = _FakeConsumer([b"first"])

@@ -239,10 +239,10 @@ def test_options_the_connect_cannot_use_end_the_ingest_at_once(tmp_path):
 def test_reconnect_waits_start_at_reconnectDelay_and_double_up_to_the_max(tmp_path, monkeypatch):
     """Full jitter: each wait is drawn from [0, bound], the first bound ``reconnectDelay`` (it was
     twice that), then doubling, capped at ``reconnectMaxDelay``."""
-    from spark_mq.sources import ingest as ingest_mod
+    from spark_mq.sources import reconnect as reconnect_mod
 
     bounds = []
-    monkeypatch.setattr(ingest_mod.random, "uniform", lambda lo, hi: bounds.append((lo, hi)) or 0.0)
+    monkeypatch.setattr(reconnect_mod.random, "uniform", lambda lo, hi: bounds.append((lo, hi)) or 0.0)
     ing = _ingest(tmp_path, reconnectDelay="0.5", reconnectMaxDelay="1.5")
     failures = iter(range(4))
     connected = Consumer([b"x"])

@@ -1,0 +1,183 @@
+"""Recognising redeliveries of what the source log already holds: the ingest's dedup.
+
+Responsible for: a message's identity (a stable id where there is one, else ``content_identity``),
+the identities of the log plus the last ``dedupWindow`` committed messages (``Dedup``), rebuilding
+them from the log when an ingest starts, and sorting a group of deliveries into rows to log and
+duplicates to drop (``Redeliveries``). Not responsible for acknowledging the duplicates or counting
+them (``spark_mq.sources.ingest``), nor for building rows (the format's ``Consumer``).
+
+One thread owns the identities, the ingest thread; Spark's thread only says how far trimming may go.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from spark_mq import schema as S
+from spark_mq.options import Options
+from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
+from spark_mq.sourcelog import SourceLog
+
+__all__ = ["NO_REDELIVERIES", "content_identity", "Dedup", "Redeliveries"]
+
+#: headers that differ between deliveries of one message, left out of the content identity: STOMP's
+#: per-delivery headers, and the delivery count RabbitMQ's quorum queues add to every redelivery
+#: (AMQP application header and STOMP header alike)
+_VOLATILE_HEADERS = frozenset({"message-id", "subscription", "redelivered", "redeliveries", "ack", "content-length",
+                               "x-delivery-count"})
+
+#: protocols without acknowledgements: the broker never delivers a message twice, nothing to recognise
+NO_REDELIVERIES = frozenset({"malamute"})
+
+
+def content_identity(body: bytes, headers) -> int:
+    """Identity of a message without a stable id: a hash of body, its length and (stable) headers.
+
+    Python's 64-bit SipHash, keyed by the process's hash seed (Spark may fix ``PYTHONHASHSEED`` for
+    its Python workers; identities are rebuilt from the log when an ingest starts and never leave
+    the process, so no seed needs to match another). A redelivery is looked up among at most the log plus
+    ``dedupWindow`` identities, so a chance collision is of the order of 1e5 / 2**64. A
+    cryptographic hash costs about 5x more and releases the GIL for every body, which next to the
+    client's receiver thread makes it the ingest's largest cost."""
+    stable = tuple(sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)) if headers else ()
+    return hash((len(body), body, stable))
+
+
+class Dedup:
+    """Identities of messages in the log, plus the last ``window`` committed ones.
+
+    One thread owns it: the ingest thread adds, looks up and trims. Spark's thread (``commit``) only
+    says how far trimming may go (``trim_later``, one int assignment): trimming there would iterate
+    the dict while the ingest adds to it (``RuntimeError: OrderedDict mutated during iteration``;
+    ``test_dedup_trims_on_its_own_thread_while_another_commits``)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._ids: OrderedDict = OrderedDict()  # identity -> offset, in offset order
+        self._trim_to = 0                       # set by any thread; trimming is the owner's
+
+    def __contains__(self, key) -> bool:
+        return key in self._ids
+
+    def add(self, key, offset: int) -> None:
+        """Record ``key`` at ``offset``. A key seen before (a body that recurs: ``{}``, a fixed status
+        event) moves to the end with its new offset: left at its first position with a later offset
+        it would stop ``trim`` there, and the identities would grow with the whole history."""
+        ids = self._ids
+        if key in ids:
+            ids.move_to_end(key)
+        ids[key] = offset
+
+    def trim_later(self, committed: int) -> None:
+        """Any thread: identities below ``committed`` may go, beyond the window (see ``trim``)."""
+        if committed > self._trim_to:
+            self._trim_to = committed
+
+    def trim(self) -> None:
+        """The owner's thread only: drop the oldest identities below what ``trim_later`` allowed
+        while more than ``window`` are held."""
+        committed = self._trim_to
+        ids = self._ids
+        excess = len(ids) - self.window
+        while excess > 0:
+            key, offset = next(iter(ids.items()))
+            if offset >= committed:
+                break
+            ids.popitem(last=False)
+            excess -= 1
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class Redeliveries:
+    """The dedup of one ingest: its identities (``ids``), whether the broker's message ids are stable
+    (``stable_ids``, known once connected: STOMP on RabbitMQ changes them per session), and how many
+    first deliveries of the session are still matched by stable id (``resend_window``, set at each
+    connect: the broker may resend, unmarked, what it lost the acks of)."""
+
+    def __init__(self, fmt: str, opts: Options) -> None:
+        self.fmt = fmt
+        self.opts = opts
+        self.ids = Dedup(opts.dedupWindow)
+        self.stable_ids = True
+        self.resend_window = 0
+
+    def load(self, log_: SourceLog) -> None:
+        """Identities of every message still in the log (a restart must recognise their redeliveries).
+        Whether the broker's message ids are stable is known only once connected (STOMP on RabbitMQ:
+        they change per session), so both the id and the content identity are kept."""
+        head, tail = log_.head, log_.tail
+        if head == tail or self.fmt in NO_REDELIVERIES:
+            return
+        add = self.ids.add
+        for batch in log_.read(tail, head):
+            cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
+            for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
+                if mid is not None:
+                    add(mid, offset)
+                for key, value in headers or ():
+                    if key == S.ID_HEADER and value:
+                        add((S.ID_HEADER, value), offset)
+                add(content_identity(body, headers), offset)
+
+    def stable_id(self, message_id, headers):
+        """The id that names this message across sessions and sends, or None: the header in which
+        spark-mq sinks carry their ids (STOMP; the same on every broker and in a replayed batch,
+        whose copies get new broker message-ids), else the broker's id where it is stable."""
+        if headers:
+            for key, value in headers:
+                if key == S.ID_HEADER and value:
+                    return (S.ID_HEADER, value)
+        return message_id if (message_id is not None and self.stable_ids) else None
+
+    def identity_of(self, body, message_id, headers):
+        stable = self.stable_id(message_id, headers)
+        return stable if stable is not None else content_identity(body, headers)
+
+    def sort(self, consumer, msgs: list, offset: int, now_us: int):
+        """Rows for ``msgs`` from ``offset`` on, without the redeliveries of what the log holds.
+
+        Returns ``(rows, row_msgs, kept, group, redeliveries, duplicates)``: the rows to log and their
+        deliveries; ``kept``, every delivery as ``(offset, msg)``, offset None for a dropped duplicate;
+        ``group``, the new identities (for ``record`` once the group is in the log); and the counts."""
+        rows, row_msgs, kept = [], [], []
+        group: dict = {}
+        redeliveries = duplicates = 0
+        dedup = self.ids
+        dedup.trim()  # as far as Spark's commits allowed (this thread owns the identities)
+        # ids that identify a message across sessions are matched for first deliveries too only
+        # where asked for (dedupById) or where the broker may be resending (the first prefetch of
+        # deliveries of a session after a lost one or of a restarted query): otherwise a message
+        # the broker delivers for the first time is never dropped
+        check_all = self.opts.dedupById or self.resend_window > 0
+        for msg in msgs:
+            row = consumer.row(msg, offset, now_us)
+            redelivered = row[REDELIVERED]
+            if redelivered:
+                redeliveries += 1
+            stable = self.stable_id(row[MESSAGE_ID], row[HEADERS])
+            key = stable if stable is not None else content_identity(row[BODY], row[HEADERS])
+            # redeliveries are matched by stable id or content hash; first deliveries only by
+            # stable id, and only where check_all says so (two sends of one body are two messages)
+            if (redelivered or (check_all and stable is not None)) and (key in dedup or key in group):
+                duplicates += 1
+                kept.append((None, msg))
+                continue
+            group[key] = offset
+            rows.append(row)
+            row_msgs.append(msg)
+            kept.append((offset, msg))
+            offset += 1
+        return rows, row_msgs, kept, group, redeliveries, duplicates
+
+    def taken(self, count: int) -> None:
+        """``count`` deliveries were taken: fewer of the session's first ones are left to match."""
+        self.resend_window = max(0, self.resend_window - count)
+
+    def record(self, group: dict) -> None:
+        """A group's identities, once it is in the log: the redeliveries of a group that never
+        reached the log must not be taken for duplicates."""
+        add = self.ids.add
+        for key, off in group.items():
+            add(key, off)
