@@ -28,7 +28,7 @@ from spark_mq.clients.connect import refusal
 from spark_mq.schema import BODY, DESTINATION, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
-from spark_mq.sourcelog import LogInUseError, SourceLog
+from spark_mq.sources.log import LogInUseError, SourceLog
 
 log = logging.getLogger("spark_mq.sources.ingest")
 

@@ -566,7 +566,7 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     more than 4 groups of ``fsyncBytes`` would be only in memory, and goes on when the writes do."""
     import threading
 
-    import spark_mq.sourcelog as sourcelog_mod
+    import spark_mq.sources.log.sourcelog as sourcelog_mod
     from spark_mq.sources.ingest import _Flusher
 
     ing = _ingest(tmp_path, fsyncBytes="16k")

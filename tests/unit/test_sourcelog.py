@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_mq import schema as S
-from spark_mq.sourcelog import DataLossError, LogCorruptError, SourceLog, read_slice
+from spark_mq.sources.log import DataLossError, LogCorruptError, SourceLog, read_slice
 
 FMT = "malamute"
 SCHEMA = S.source_arrow_schema(FMT)
@@ -383,7 +383,7 @@ def test_writer_lock_one_writer_per_local_log(tmp_path):
     lock goes with close(). Readers (no exclusive_wait) never take it."""
     import time
 
-    from spark_mq.sourcelog import LogInUseError
+    from spark_mq.sources.log import LogInUseError
 
     where = str(tmp_path / "log")
     first = SourceLog(where, SCHEMA, exclusive_wait=0.0)
@@ -406,12 +406,12 @@ def test_writer_lock_goes_with_a_killed_holder(tmp_path):
     import subprocess
     import sys
 
-    from spark_mq.sourcelog import LogInUseError
+    from spark_mq.sources.log import LogInUseError
 
     where = str(tmp_path / "log")
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from spark_mq import schema as S; from spark_mq.sourcelog import SourceLog\n"
+         "import sys, time; from spark_mq import schema as S; from spark_mq.sources.log import SourceLog\n"
          f"log = SourceLog({where!r}, S.source_arrow_schema('malamute'), exclusive_wait=0.0)\n"
          "print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE)
@@ -673,7 +673,7 @@ def test_write_behind_a_write_on_another_thread_during_a_sync_is_fsynced_before_
     resetting it) must still be fsynced before a later ``sync()`` counts it durable. Before the
     written-bytes counter, the dirty flag it set was reset unseen, and the next sync moved
     ``durable_head`` past a batch no fsync had covered."""
-    import spark_mq.sourcelog as sourcelog_mod
+    import spark_mq.sources.log.sourcelog as sourcelog_mod
 
     fsynced_at = []  # the log's written bytes when each fsync began
     real_fsync = os.fsync

@@ -41,7 +41,7 @@ from spark_mq.errors import SparkMqError
 
 __all__ = ["LEASE_NAME", "WriterLease", "LogInUseError"]
 
-log = logging.getLogger("spark_mq.writerlease")
+log = logging.getLogger("spark_mq.sources.log")
 
 LEASE_NAME = "writer.lease"
 TTL = 30.0      # seconds without a renewal after which a holder on another machine is gone

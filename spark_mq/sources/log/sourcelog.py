@@ -40,12 +40,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from spark_mq.errors import SparkMqError
-from spark_mq.writerlease import LogInUseError, WriterLease
+from spark_mq.sources.log.lease import LogInUseError, WriterLease
 
 __all__ = ["SourceLog", "LogSlice", "LogCorruptError", "DataLossError", "LogInUseError", "WriterLock",
            "open_filesystem", "read_slice", "SEGMENT_PREFIX"]
 
-log = logging.getLogger("spark_mq.sourcelog")
+log = logging.getLogger("spark_mq.sources.log")
 
 SEGMENT_PREFIX = "seg-"
 SEGMENT_SUFFIX = ".arrow"
@@ -74,7 +74,7 @@ class WriterLock:
     process included), so a restart waits at most until its predecessor is gone (``wait``
     seconds, then ``LogInUseError`` naming the location and the holder). The holder's pid, host
     and start time are written into the file for that message only; the lock is the ``flock``.
-    Other filesystems have no such lock: there a ``WriterLease`` (``spark_mq.writerlease``) does
+    Other filesystems have no such lock: there a ``WriterLease`` (``spark_mq.sources.log.lease``) does
     what a renewed file can.
     """
 
