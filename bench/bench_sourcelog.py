@@ -40,7 +40,7 @@ def _cpu() -> float:
 
 def _write(group: int) -> tuple[float, str]:
     from spark_mq import schema as S
-    from spark_mq.sourcelog import SourceLog
+    from spark_mq.sources.log import SourceLog
     body = b"x" * BODY
     where = tempfile.mkdtemp(prefix="bench-sourcelog-")
     log = SourceLog(where, S.source_arrow_schema("malamute"))
@@ -64,7 +64,7 @@ def _read(pickled: str, how: str) -> None:
     import fcntl
     import pickle
     import pyarrow as pa
-    from spark_mq.sourcelog import read_slice
+    from spark_mq.sources.log import read_slice
     with open(pickled, "rb") as f:
         slices = pickle.load(f)
     r, w = os.pipe()
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> dict:
         return {}
     import pickle
     from spark_mq import schema as S
-    from spark_mq.sourcelog import SourceLog
+    from spark_mq.sources.log import SourceLog
     spent: dict = {g: [] for g in GROUPS}
     for _ in range(0 if "--reads" in argv else ROUNDS):
         for g in GROUPS:

@@ -47,7 +47,7 @@ import uuid
 from typing import NamedTuple, Optional
 
 from spark_mq import schema as S
-from spark_mq.sourcelog import SEGMENT_PREFIX
+from spark_mq.sources.log import SEGMENT_PREFIX
 
 from bench.common import ProcessCpu, harness, settle, integration_module, write_results
 

@@ -9,6 +9,9 @@ pandas objects), which costs 0.4 s on an idle machine and seconds on a busy one,
 ingest's first group: every query's reader process paid it, in Spark's Python workers too. Built
 from buffers, a column costs one ``join`` of its values and a few numpy calls, with no per-value
 Arrow conversion. ``pa.array`` stays the fallback for types this module does not build.
+
+At the package root beside ``schema``, not under ``sources``: ``schema.build_batch`` builds its
+columns here, and ``schema`` stays at the root for the sinks (see there).
 """
 
 from __future__ import annotations

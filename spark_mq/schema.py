@@ -20,6 +20,10 @@ and otherwise holds all of its frames, ``body`` included: the sinks read it the 
 null, the whole content"). A ``[body]`` list for every single-frame message would ship each body
 twice to Spark (measured: 12-15% of a 4 KiB read's time). The source log stores batches in the
 source schema.
+
+At the package root, not under ``sources``, because the sinks use it too (a bridge's columns are
+the source's: ``SOURCE_COLUMNS``, ``struct_of``; ``ID_HEADER``), and sources and sinks share a
+layer with no imports between them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ call it live in ``spark_mq.datasources``), offsets (``{"offset": N}``, positions
 source log), read limits (Spark 4.2+ ``ReadLimit`` objects where present, the same limits from
 options otherwise), availableNow, splitting a range into partitions, ``commit`` and the backlog
 figures of ``reportLatestOffset``. Not responsible for brokers (``ingest`` + per-format ``Consumer``),
-the partitions and their executor reads (``partitions``) or the log format (``sourcelog``).
+the partitions and their executor reads (``partitions``) or the log format (``log``).
 
 Where things run (see pyspark-4.3-facts.md): every method but ``read`` runs in one long-lived
 driver-side process on one reader instance, which owns the ingest thread (started at the first

@@ -6,7 +6,7 @@ driver, and ``read(partition)`` on executors; no commit and no job-end callback)
 ends a drain of "what is available now" (``DrainEnd``, shared with availableNow where it
 applies), the two ways the drained data reaches the executors, and ``commit_batch_read``.
 Not responsible for Spark's reader classes (``spark_mq.sources.base``) or the log format
-(``spark_mq.sourcelog``).
+(``spark_mq.sources.log``).
 
 Two ways, chosen by ``logLocation``:
 
@@ -45,7 +45,7 @@ from spark_mq import schema as S
 from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
-from spark_mq.sourcelog import SourceLog, open_filesystem
+from spark_mq.sources.log import SourceLog, open_filesystem
 from spark_mq.sources.ingest import _NO_REDELIVERIES, content_identity
 from spark_mq.sources.partitions import LogPartition, MemoryPartition, partition_count
 

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from spark_mq import schema as S
 from spark_mq.options import Options
 from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
-from spark_mq.sourcelog import SourceLog
+from spark_mq.sources.log import SourceLog
 
 __all__ = ["NO_REDELIVERIES", "content_identity", "Dedup", "Redeliveries"]
 

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 from spark_mq import schema as S
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
-from spark_mq.sourcelog import LogInUseError, SourceLog
+from spark_mq.sources.log import LogInUseError, SourceLog
 from spark_mq.sources.availablenow import AvailableNowTarget
 from spark_mq.sources.dedup import NO_REDELIVERIES, Dedup, Redeliveries, content_identity
 from spark_mq.sources.groups import GroupSizer

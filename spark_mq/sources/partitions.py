@@ -4,7 +4,7 @@ Responsible for: the picklable partitions (``LogPartition``: byte ranges of sour
 ``MemoryPartition``: a batch read's messages as Arrow IPC bytes), how many partitions a range is
 split into (``partition_count``), and ``read_partition``, which runs on executors and knows only
 the partition and the target schema. Not responsible for planning which offsets a batch holds
-(``spark_mq.sources.base``, ``spark_mq.sources.batchread``) or the log format (``spark_mq.sourcelog``).
+(``spark_mq.sources.base``, ``spark_mq.sources.batchread``) or the log format (``spark_mq.sources.log``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from spark_mq import schema as S
 from spark_mq.options import Options
-from spark_mq.sourcelog import DataLossError, read_slice
+from spark_mq.sources.log import DataLossError, read_slice
 from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources")

@@ -6,7 +6,7 @@ ingest thread gathers the next groups meanwhile), the groups appended but not ye
 (``WriteBehind.unsynced``), waiting for them (``settle``) and acknowledging each once durable in
 ``ackMode=durable`` (``ack_durable``, one cumulative ACK per group, in order, never before the
 fsync covering it has returned). Not responsible for the log's format or its fsync
-(``spark_mq.sourcelog``), for commit-mode acks (``spark_mq.sources.ingest``), nor for sizing groups
+(``spark_mq.sources.log``), for commit-mode acks (``spark_mq.sources.ingest``), nor for sizing groups
 (``spark_mq.sources.groups``).
 
 Threads: the ingest thread appends, waits and settles; the flusher's threads write and fsync, and
@@ -23,7 +23,7 @@ from collections import deque
 from typing import Callable, Optional
 
 from spark_mq.errors import SparkMqError
-from spark_mq.sourcelog import SourceLog
+from spark_mq.sources.log import SourceLog
 
 log = logging.getLogger("spark_mq.sources.ingest")
 

@@ -115,7 +115,7 @@ def test_a_logged_batch_read_serves_again_until_committed(tmp_path):
 
 
 def test_a_logged_batch_read_refuses_a_stream_querys_log(tmp_path):
-    from spark_mq.sourcelog import SourceLog
+    from spark_mq.sources.log import SourceLog
 
     log = str(tmp_path / "stream-log")
     stream_log = SourceLog(log, S.source_arrow_schema("stomp"))

@@ -567,21 +567,21 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     more than 4 groups of ``fsyncBytes`` would be only in memory, and goes on when the writes do."""
     import threading
 
-    import spark_mq.sourcelog as sourcelog_mod
+    import spark_mq.sources.log.local as local_mod
     from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, fsyncBytes="16k")
     ing._consumer = _FakeConsumer([b"first"])
     ing._step()
     _, release = _slow_sync(ing, monkeypatch)       # the fsync is held too: only the writes matter
-    real_write, stuck, unstick = sourcelog_mod._write_all, threading.Event(), threading.Event()
+    real_write, stuck, unstick = local_mod._write_all, threading.Event(), threading.Event()
 
     def stuck_write(fd, data):
         stuck.set()
         assert unstick.wait(10)
         real_write(fd, data)
 
-    monkeypatch.setattr(sourcelog_mod, "_write_all", stuck_write)
+    monkeypatch.setattr(local_mod, "_write_all", stuck_write)
     ing.log.defer_writes()
     ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     bodies = [bytes([65 + i]) * 20_000 for i in range(5)]

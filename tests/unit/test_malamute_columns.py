@@ -161,7 +161,7 @@ def test_body_buffers_held_by_unwritten_groups_are_reused_once_written(tmp_path)
     memory) until the group is written: the next groups take other buffers, and a written group's
     buffer is taken again, never a fresh one while one is free; at most ``_BODIES_KEPT`` stay."""
     import spark_mq.sources.malamute as M
-    from spark_mq.sourcelog import SourceLog
+    from spark_mq.sources.log import SourceLog
 
     log = SourceLog(str(tmp_path / "log"), S.source_arrow_schema("malamute"))
     log.defer_writes()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_mq import schema as S
-from spark_mq.sourcelog import DataLossError, LogCorruptError, SourceLog, read_slice
+from spark_mq.sources.log import DataLossError, LogCorruptError, SourceLog, read_slice
 
 FMT = "malamute"
 SCHEMA = S.source_arrow_schema(FMT)
@@ -383,7 +383,7 @@ def test_writer_lock_one_writer_per_local_log(tmp_path):
     lock goes with close(). Readers (no exclusive_wait) never take it."""
     import time
 
-    from spark_mq.sourcelog import LogInUseError
+    from spark_mq.sources.log import LogInUseError
 
     where = str(tmp_path / "log")
     first = SourceLog(where, SCHEMA, exclusive_wait=0.0)
@@ -406,12 +406,12 @@ def test_writer_lock_goes_with_a_killed_holder(tmp_path):
     import subprocess
     import sys
 
-    from spark_mq.sourcelog import LogInUseError
+    from spark_mq.sources.log import LogInUseError
 
     where = str(tmp_path / "log")
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from spark_mq import schema as S; from spark_mq.sourcelog import SourceLog\n"
+         "import sys, time; from spark_mq import schema as S; from spark_mq.sources.log import SourceLog\n"
          f"log = SourceLog({where!r}, S.source_arrow_schema('malamute'), exclusive_wait=0.0)\n"
          "print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE)
@@ -673,12 +673,13 @@ def test_write_behind_a_write_on_another_thread_during_a_sync_is_fsynced_before_
     resetting it) must still be fsynced before a later ``sync()`` counts it durable. Before the
     written-bytes counter, the dirty flag it set was reset unseen, and the next sync moved
     ``durable_head`` past a batch no fsync had covered."""
-    import spark_mq.sourcelog as sourcelog_mod
+    import spark_mq.sources.log.local as local_mod
+    import spark_mq.sources.log.sourcelog as sourcelog_mod
 
     fsynced_at = []  # the log's written bytes when each fsync began
     real_fsync = os.fsync
 
-    class Racy(SourceLog):
+    class Racy(local_mod.LocalSegments):
         inject = None
 
         @property
@@ -693,9 +694,10 @@ def test_write_behind_a_write_on_another_thread_during_a_sync_is_fsynced_before_
         def _dirty(self, value):
             self.__dict__["_dirty_flag"] = value
 
-    log = Racy(str(tmp_path / "log"), SCHEMA)
-    monkeypatch.setattr(sourcelog_mod.os, "fsync",
-                        lambda fd: (fsynced_at.append(log._written_bytes), real_fsync(fd))[1])
+    monkeypatch.setattr(sourcelog_mod, "LocalSegments", Racy)
+    log = SourceLog(str(tmp_path / "log"), SCHEMA)
+    monkeypatch.setattr(local_mod.os, "fsync",
+                        lambda fd: (fsynced_at.append(log._files._written_bytes), real_fsync(fd))[1])
     log.defer_writes()
     log.append(rows(0, 2))
     log.sync()
@@ -704,10 +706,10 @@ def test_write_behind_a_write_on_another_thread_during_a_sync_is_fsynced_before_
     Racy.inject = lambda: (fired.append(1), log.append(rows(2, 1)), log.write_unwritten())
     log.sync()                       # nothing of its own to write; the batch at 2 is written meanwhile
     assert fired and log.head == 3 and log.durable_head == 2 and log.unwritten_bytes == 0
-    written = log._written_bytes
+    written = log._files._written_bytes
     log.sync()                       # counts the batch at 2 durable: only after an fsync that covers it
     assert log.durable_head == 3
     assert fsynced_at and max(fsynced_at) == written, (fsynced_at, written)
-    monkeypatch.setattr(sourcelog_mod.os, "fsync", real_fsync)
+    monkeypatch.setattr(local_mod.os, "fsync", real_fsync)
     log.close()
     assert _reopened_offsets(tmp_path / "log") == [0, 1, 2]

@@ -1,4 +1,4 @@
-"""The writer lease of non-local source logs (``spark_mq.writerlease``), driven through ``SourceLog``
+"""The writer lease of non-local source logs (``spark_mq.sources.log.lease``), driven through ``SourceLog``
 with ``local=False``: the code path of object stores, on a local directory."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import pytest
 
 from spark_mq import schema as S
-from spark_mq import writerlease
-from spark_mq.sourcelog import LogInUseError, SourceLog
+from spark_mq.sources.log import lease as writerlease
+from spark_mq.sources.log import LogInUseError, SourceLog
 
 SCHEMA = S.source_arrow_schema("malamute")
 
@@ -67,7 +67,7 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(tmp_path):
     where = str(tmp_path / "log")
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from spark_mq import schema as S, writerlease; from spark_mq.sourcelog import SourceLog\n"
+         "import time; from spark_mq import schema as S; from spark_mq.sources.log import SourceLog, lease as writerlease\n"
          "writerlease.RENEW = 0.1\n"
          f"log = SourceLog({where!r}, S.source_arrow_schema('malamute'), local=False, exclusive_wait=0.0)\n"
          "print('leased', flush=True); time.sleep(60)"],
@@ -96,7 +96,7 @@ def test_a_holder_elsewhere_that_stops_renewing_lapses_after_the_ttl(tmp_path, m
     (where / writerlease.LEASE_NAME).write_text(json.dumps(
         {"token": "t-elsewhere", "host": "another-host", "boot": "b", "pid": 1, "started": None, "seq": 7}))
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="spark_mq.writerlease"):
+    with caplog.at_level(logging.WARNING, logger="spark_mq.sources.log"):
         log = open_log(str(where), 0.1)
     assert time.monotonic() - t0 >= 0.6
     assert "taking over the lease of pid 1 on another-host" in caplog.text

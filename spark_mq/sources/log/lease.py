@@ -2,7 +2,7 @@
 
 Responsible for: the ``writer.lease`` file of a non-local log: taking it (waiting for a holder
 that is gone), renewing it while the log is open, noticing when another reader took it, and
-deleting it on close. Local logs use ``sourcelog.WriterLock`` (an ``flock``) instead.
+deleting it on close. Local logs use ``lock.WriterLock`` (an ``flock``) instead.
 
 A lease is best effort, not a lock: object stores have no portable compare-and-swap through
 pyarrow. It turns the common mistake (two queries, or two copies of one notebook, on one
@@ -37,20 +37,16 @@ from typing import Optional
 
 import pyarrow.fs as pafs
 
-from spark_mq.errors import SparkMqError
+from spark_mq.sources.log.segments import LogInUseError
 
-__all__ = ["LEASE_NAME", "WriterLease", "LogInUseError"]
+__all__ = ["LEASE_NAME", "WriterLease"]
 
-log = logging.getLogger("spark_mq.writerlease")
+log = logging.getLogger("spark_mq.sources.log")
 
 LEASE_NAME = "writer.lease"
 TTL = 30.0      # seconds without a renewal after which a holder on another machine is gone
 RENEW = 5.0     # seconds between renewals
 SETTLE = 1.0    # seconds between writing a lease and reading it back
-
-
-class LogInUseError(SparkMqError):
-    """Another source reader writes this log: two queries (or two runs of one) on one ``logLocation``."""
 
 
 def _boot_id() -> str:
