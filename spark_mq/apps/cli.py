@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the end-to-end streaming demo (python -m spark_mq.demo)",
+    demo = sub.add_parser("demo", help="run the end-to-end streaming demo (python -m spark_mq.apps.demo)",
                           add_help=False)
     demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="arguments of the demo (see demo --help)")
 
@@ -778,7 +778,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- bridge
 
 def cmd_bridge(args: argparse.Namespace) -> int:
-    from spark_mq import bridge_job
+    from spark_mq.apps import bridge_job
     for flag, uri in (("FROM_URI", args.from_uri), ("TO_URI", args.to_uri)):
         try:
             protocol_of(uri)
@@ -800,7 +800,7 @@ def main(argv: Optional[list] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if argv and argv[0] == "demo":  # everything after "demo" belongs to the demo's own parser
-        from spark_mq import demo
+        from spark_mq.apps import demo
         return demo.main(argv[1:])
     args = parser.parse_args(argv)
     if args.version:

@@ -9,10 +9,10 @@ broker with ``writeStream.format(<protocol>)``; reading those results back, show
 every finalized window against the producer's own tally. Not responsible for any protocol or Spark
 data source logic: it only uses the public clients and formats.
 
-    python -m spark_mq.demo                         # embedded Malamute broker, 60 s
-    python -m spark_mq.demo --seconds 20 --rate 1000
-    python -m spark_mq.demo --uri amqp://guest:guest@127.0.0.1:5672/%2F
-    python -m spark_mq.demo --uri stomp://127.0.0.1:61613
+    python -m spark_mq.apps.demo                         # embedded Malamute broker, 60 s
+    python -m spark_mq.apps.demo --seconds 20 --rate 1000
+    python -m spark_mq.apps.demo --uri amqp://guest:guest@127.0.0.1:5672/%2F
+    python -m spark_mq.apps.demo --uri stomp://127.0.0.1:61613
     spark-mq demo ...                               # the same
 
 Exit status 0 when every finalized window matches the tally, 1 otherwise (or on failure).
@@ -40,6 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spark_mq.apps.progress import backlog_of
 from spark_mq.registration import REDACTION_CONF, SPARK_DEFAULT_REDACTION, with_uri_redaction
 
 __all__ = ["main", "Tally", "make_order", "REGIONS", "PRODUCTS", "EOS_REGION"]
@@ -378,35 +379,11 @@ def build_query(spark, backend: Backend, workdir: str, window_s: int, watermark_
             .trigger(processingTime=f"{trigger_s} seconds").start())
 
 
-def _offset_dict(value) -> dict:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
-    return value if isinstance(value, dict) else {}
-
-
-def backlog_of(progress: Optional[dict]) -> Optional[int]:
-    """Messages the source holds that Spark has not planned yet (log head - batch end), plus the broker
-    queue depth where the protocol reports one; None before the first progress report."""
-    if not progress or not progress.get("sources"):
-        return None
-    src = progress["sources"][0]
-    latest = _offset_dict(src.get("latestOffset"))
-    end = _offset_dict(src.get("endOffset"))
-    if "logHead" not in latest or "offset" not in end:
-        return None
-    backlog = max(0, int(latest["logHead"]) - int(end["offset"]))
-    depth = latest.get("brokerQueueDepth")
-    return backlog + (int(depth) if isinstance(depth, (int, float)) else 0)
-
-
 # ------------------------------------------------------------------------------------------- main
 
 def _parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m spark_mq.demo",
+        prog="python -m spark_mq.apps.demo",
         description="End-to-end streaming demo: orders -> broker -> Spark (event-time windows, watermark) -> "
                     "broker, with live progress and a self-checking summary.")
     p.add_argument("--uri", help="use this broker instead of the embedded Malamute broker: amqp://..., "
