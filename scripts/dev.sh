@@ -174,7 +174,7 @@ case "$verb" in
     listeners_snapshot
     setup_java; setup_python
     listeners_check "the set-up"
-    rc=0; "$VENV/bin/python" -m spark_mq.demo "$@" </dev/null || rc=$?
+    rc=0; "$VENV/bin/python" -m spark_mq.apps.demo "$@" </dev/null || rc=$?
     listeners_check "the demo"
     exit $rc ;;
   bench)

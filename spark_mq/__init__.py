@@ -8,7 +8,7 @@ The package is layered (imports point down only):
 4. ``spark_mq.sources`` / ``spark_mq.sinks`` / ``spark_mq.malamute_broker``: the Spark Python Data Source
    layer (neither imports the other) and the embedded broker.
 5. ``spark_mq.datasources``: each format's ``DataSource``, joining its source and its sink.
-6. ``spark_mq.cli``, ``spark_mq.demo``, ``spark_mq.bridge_job``: the applications.
+6. ``spark_mq.apps``: the applications (the ``spark-mq`` command, the demo, the bridge job).
 
 ``tests/unit/test_repository.py`` holds these rules.
 """

@@ -278,7 +278,7 @@ def _batches(ckpt: Path, log: str) -> int:
 
 def _bridge_cmd(src, dst, state: Path, *extra: str) -> list:
     (src_uri, src_target), (dst_uri, dst_target) = src.cli(), dst.cli()
-    return [sys.executable, "-m", "spark_mq.cli", "bridge", src_uri, dst_uri, "--from", src_target, "--to", dst_target,
+    return [sys.executable, "-m", "spark_mq.apps.cli", "bridge", src_uri, dst_uri, "--from", src_target, "--to", dst_target,
             "--state", str(state), "-I", "maxMessagesPerTrigger=250", "-I", "quietPeriod=1",
             "--trigger-interval", "0.1", "--progress-interval", "1", *extra]
 
@@ -358,7 +358,7 @@ def test_a_failing_bridge_exits_1_naming_the_error_without_a_traceback(malamute_
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "spark_mq.cli", "bridge", src.endpoint, f"amqp://guest:secret@127.0.0.1:{port}/%2F",
+    cmd = [sys.executable, "-m", "spark_mq.apps.cli", "bridge", src.endpoint, f"amqp://guest:secret@127.0.0.1:{port}/%2F",
            "--from", f"mailbox:{src.mailbox}", "--to", "q", "--state", str(tmp_path / "state"), "--available-now",
            "-O", "connectTimeout=2"]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)

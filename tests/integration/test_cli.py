@@ -1,7 +1,7 @@
 """The ``spark-mq`` command against real brokers: the embedded Malamute broker (started by ``spark-mq
 broker`` itself), RabbitMQ (AMQP 0-8 and STOMP) and ActiveMQ (STOMP) from the harness.
 
-Every command runs as a subprocess (``python -m spark_mq.cli``, and once through the installed
+Every command runs as a subprocess (``python -m spark_mq.apps.cli``, and once through the installed
 ``spark-mq`` script) with a timeout; background ``tail`` processes are waited for via their
 "listening on" line and always killed at the end.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 TIMEOUT = 60
-CLI = [sys.executable, "-m", "spark_mq.cli"]
+CLI = [sys.executable, "-m", "spark_mq.apps.cli"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
 pytestmark = pytest.mark.timeout(300)
@@ -296,7 +296,7 @@ DEMO_TIMEOUT = 420
 
 def _demo(tmp_path, *args, cli=None):
     summary = tmp_path / "summary.json"
-    cmd = cli or [sys.executable, "-m", "spark_mq.demo"]
+    cmd = cli or [sys.executable, "-m", "spark_mq.apps.demo"]
     argv = ["--seconds", 6, "--rate", 150, "--window", 4, "--watermark", 2, "--jitter", 1, "--trigger", 1,
             "--drain-timeout", 90, "--seed", 7, "--summary-json", summary, *args]
     result = subprocess.run([*cmd, *map(str, argv)],
@@ -336,7 +336,7 @@ def test_demo_against_activemq_stomp(activemq, tmp_path):
 
 
 def test_demo_rejects_a_bad_uri(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "spark_mq.demo", "--uri", "http://x"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "spark_mq.apps.demo", "--uri", "http://x"], capture_output=True,
                             timeout=60, env=ENV, stdin=subprocess.DEVNULL)
     assert result.returncode == 2
     assert b"--uri" in result.stderr and b"unknown scheme 'http'" in result.stderr

@@ -114,11 +114,11 @@ def test_wheel_and_zip_contents(dist, tmp_path):
         metadata = next(whl.read(n).decode() for n in names if n.endswith("METADATA"))
     for fmt in FORMATS:
         assert f"pyspark_{fmt}.py" in names
-    assert "spark_mq/registration.py" in names and "spark_mq/cli.py" in names
+    assert "spark_mq/registration.py" in names and "spark_mq/apps/cli.py" in names
     assert not any("tests/" in n or "__pycache__" in n for n in names)
     # the test helpers (tests/integration/sinktest.py, broker_process.py) stay out of what users install
     assert not [n for n in names if Path(n).stem in ("testing", "sinktest", "broker_process")], sorted(names)
-    assert "spark-mq = spark_mq.cli:main" in entry_points
+    assert "spark-mq = spark_mq.apps.cli:main" in entry_points
     for dep in ("pyspark", "pyarrow", "pyzmq", "numpy"):
         assert f"Requires-Dist: {dep}" in metadata
     with zipfile.ZipFile(dist["zip"]) as zf:

@@ -503,7 +503,7 @@ def test_secrets_stay_out_of_plans_progress_and_errors(spark, rabbitmq, tmp_path
     assert secret in load()._jdf.queryExecution().toString()  # the risk: the check below can fail
     # the recommended settings (conf/spark/spark-defaults.conf, the demo's) hide it without register,
     # for sessions where the formats register themselves
-    from spark_mq.demo import SPARK_DEFAULTS
+    from spark_mq.apps.demo import SPARK_DEFAULTS
     spark.conf.set(REDACTION_CONF, SPARK_DEFAULTS[REDACTION_CONF])
     recommended = load()._jdf.queryExecution().toString()
     assert secret not in recommended and "uri=*********(redacted)" in recommended

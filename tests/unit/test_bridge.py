@@ -149,7 +149,7 @@ def test_unknown_columns_still_fail_and_a_subset_is_not_a_bridge():
 
 
 def test_bridge_command_targets_and_progress_line():
-    from spark_mq.bridge_job import BridgeUsageError, progress_line, target_options
+    from spark_mq.apps.bridge_job import BridgeUsageError, progress_line, target_options
 
     assert target_options("amqp08", "orders", "source") == {"queue": "orders"}
     assert target_options("amqp08", "orders", "sink") == {"routingKey": "orders"}
@@ -169,7 +169,7 @@ def test_bridge_command_targets_and_progress_line():
 
 
 def test_bridge_command_usage_errors_name_the_argument(capsys):
-    from spark_mq.cli import EXIT_USAGE, main
+    from spark_mq.apps.cli import EXIT_USAGE, main
 
     assert main(["bridge", "http://x", "amqp://h/%2F", "--from", "a", "--to", "b"]) == EXIT_USAGE
     assert "FROM_URI" in capsys.readouterr().err
@@ -197,7 +197,7 @@ def test_the_default_bridge_state_does_not_depend_on_credentials():
     """Review finding: a rotated password gave a new state directory, stranding the old log."""
     from types import SimpleNamespace
 
-    from spark_mq.bridge_job import state_dir
+    from spark_mq.apps.bridge_job import state_dir
 
     def args(src, dst):
         return SimpleNamespace(state=None, from_uri=src, to_uri=dst, source="/queue/a", sink="a")
@@ -209,7 +209,7 @@ def test_the_default_bridge_state_does_not_depend_on_credentials():
 
 
 def test_the_bridge_command_reports_the_cause_inside_sparks_wrapping():
-    from spark_mq.bridge_job import cause_of
+    from spark_mq.apps.bridge_job import cause_of
 
     text = ("[STREAM_FAILED] Query [id = x] terminated with exception: [PYTHON_EXCEPTION] An exception was thrown "
             "from the Python worker: Traceback (most recent call last):\n  File \"w.py\", line 1, in f\n    g()\n"

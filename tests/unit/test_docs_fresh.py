@@ -52,7 +52,7 @@ def test_notebooks_are_fresh():
 
 
 def test_conf_files_are_what_the_demo_uses():
-    from spark_mq import demo
+    from spark_mq.apps import demo
     assert (ROOT / "conf" / "logging" / "log4j2.properties").read_text() == demo.LOG4J2
     settings = {}
     for line in (ROOT / "conf" / "spark" / "spark-defaults.conf").read_text().splitlines():
@@ -63,7 +63,7 @@ def test_conf_files_are_what_the_demo_uses():
 
 
 def test_the_demo_runs_with_the_recommended_settings(tmp_path):
-    from spark_mq import demo
+    from spark_mq.apps import demo
     settings = demo.spark_settings(str(tmp_path))
     assert {k: settings[k] for k in demo.SPARK_DEFAULTS} == demo.SPARK_DEFAULTS
     assert (tmp_path / "log4j2.properties").read_text() == demo.LOG4J2

@@ -73,7 +73,7 @@ LAYERS = [
     ("spark and arrow helpers", True, ["spark_mq.compat", "spark_mq.arrowcols", "spark_mq.schema"]),
     ("sources, sinks, broker", False, ["spark_mq.sources", "spark_mq.sinks", "spark_mq.malamute_broker"]),
     ("formats", True, ["spark_mq.datasources", "spark_mq.registration", "spark_mq"]),
-    ("apps", True, ["spark_mq.cli", "spark_mq.demo", "spark_mq.bridge_job"]),
+    ("apps", True, ["spark_mq.apps"]),
     ("automatic registration", True, ["pyspark_amqp08", "pyspark_stomp", "pyspark_malamute"]),
 ]
 #: layers below sources and sinks: no Spark, no Arrow (a client or a protocol runs without them)

@@ -27,6 +27,8 @@ import time
 from typing import Optional
 from urllib.parse import urlsplit
 
+from spark_mq.apps.progress import backlog_of, offset_dict
+
 __all__ = ["target_options", "progress_line", "state_dir", "cause_of", "run", "BridgeUsageError"]
 
 _MALAMUTE_KINDS = ("stream", "mailbox", "service")
@@ -83,8 +85,6 @@ def state_dir(args) -> str:
 def progress_line(progress: Optional[dict], total: int, seconds: float) -> str:
     """One line: the last batch, messages bridged so far, rates, and what the source still holds
     (the source log past the last batch plus the broker's queue depth where it reports one)."""
-    from spark_mq.demo import _offset_dict, backlog_of
-
     seconds = max(1e-9, seconds)
     batch = progress.get("batchId", "-") if progress else "-"
     rate = progress.get("processedRowsPerSecond") if progress else None
@@ -96,7 +96,7 @@ def progress_line(progress: Optional[dict], total: int, seconds: float) -> str:
     if backlog is not None:
         text += f", backlog {backlog:,}"
     if progress and progress.get("sources"):
-        figures = _offset_dict(progress["sources"][0].get("latestOffset"))
+        figures = offset_dict(progress["sources"][0].get("latestOffset"))
         if figures.get("reconnects"):
             text += f", {figures['reconnects']} reconnects"
         if figures.get("connected") is False:
