@@ -169,7 +169,8 @@ def _memory_child(kind: str, url: str, queue: str, n: int, trace: bool) -> dict:
 
     if kind == "recurring, before the fix":
         # the add before c3c3548 (issue 43, item 11): assigning an existing key keeps its first position in the dict
-        ingest_module._Dedup.add = lambda self, key, offset: self._ids.__setitem__(key, offset)
+        from spark_mq.sources.dedup import Dedup
+        Dedup.add = lambda self, key, offset: self._ids.__setitem__(key, offset)
     logdir = tempfile.mkdtemp(prefix="bench-ingest-memory-")
     opts = parse_options({"uri": url, "queue": queue, "logLocation": logdir, "dedupWindow": str(MEMORY_WINDOW)},
                          format="amqp08", direction=SOURCE)
@@ -190,13 +191,13 @@ def _memory_child(kind: str, url: str, queue: str, n: int, trace: bool) -> dict:
             # once (as in ingest_run) would let trimming pass a recurring identity's first position
             # between two of its recurrences, and hide the leak the run is there to show
             ing.commit(max(0, ing.log.durable_head - MEMORY_LAG))
-            held_max = max(held_max, len(ing._dedup))
+            held_max = max(held_max, len(ing._redeliveries.ids))
             rss_peak = max(rss_peak, _rss_kib())
             ing.wait_for(lambda: ing.log.durable_head >= n, 0.01)
         seconds = time.perf_counter() - t0
         ing.commit(ing.log.durable_head)
         ing.wait_for(lambda: False, 0.3)  # a few more turns of the ingest thread: it trims at each
-        held_end = len(ing._dedup)
+        held_end = len(ing._redeliveries.ids)
         rss_peak = max(rss_peak, _rss_kib())
         traced_peak = tracemalloc.get_traced_memory()[1] if trace else None
         got = ing.log.durable_head

@@ -101,7 +101,7 @@ class AvailableNowTarget:
                 continue
             ms = stamp(msg)
             if ms is not None and ms > began:
-                ing._settle(keep=0)  # Spark plans up to the target: it must be durable
+                ing._wb.settle(keep=0)  # Spark plans up to the target: it must be durable
                 self.target = max(offset, ing.planned_end)
                 log.info("%s source: availableNow target fixed at offset %d (a message the broker stamped %d ms "
                          "after the run began)", ing.fmt, self.target, ms - began)
@@ -163,7 +163,7 @@ class AvailableNowTarget:
         capped = (not reached and not quiet and timeout and self.target_consumed is None and self.began
                   and now - self.began >= timeout)
         if reached or quiet or capped:
-            ing._settle(keep=0)  # Spark plans up to the target: it must be durable
+            ing._wb.settle(keep=0)  # Spark plans up to the target: it must be durable
             self.target = ing.log.head
             if capped:
                 log.warning("%s source: availableNow target fixed at offset %d: availableNowTimeout (%g s) passed "

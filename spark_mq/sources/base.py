@@ -187,14 +187,14 @@ class MQStreamReader(DataSourceStreamReader):
             self._first_batch_of_one_batch_triggers(ing, s)
             limited = False  # the whole backlog present at start, as a once/availableNow batch needs
         elif first_call:
-            if not ing._available_now:
+            if not ing.available_now:
                 # availableNow plans by its own rule below; this wait would hold its first batch
                 # until no group is unsynced, which in a long drain is when the log bound pauses the
                 # ingest: measured (1,000,000 x 4 KiB Malamute mails), the first batch then came at
                 # 1 GiB, not half that, and broker and ingest stood still while Spark read it
                 self._wait_first(ing)
             self._last_batch_time = time.monotonic()
-        if ing._available_now:
+        if ing.available_now:
             ing.wait_for(lambda: self._available_now_ready(ing, s, limit), _AVAILABLE_NOW_WAIT)
         end = ing.log.durable_head
         if ing.target is not None:
@@ -270,8 +270,8 @@ class MQStreamReader(DataSourceStreamReader):
         if ing.log.body_bytes(s, head) >= self.opts.maxUncommittedBytes // 2:
             return True  # a large backlog: executors read this batch while the ingest drains the rest
         now = time.monotonic()
-        since = max(self._last_batch_time or 0.0, ing._an_began)
-        if now - since >= max(_OVERLAP_MIN, _OVERLAP_SHARE * (now - ing._an_began)):
+        since = max(self._last_batch_time or 0.0, ing.available_now_began)
+        if now - since >= max(_OVERLAP_MIN, _OVERLAP_SHARE * (now - ing.available_now_began)):
             # Overlap: Spark is free (it asks) and rows have waited a while: they go now, and the
             # executors write them (to a sink that may be as slow as the drain: a bridge) while the
             # ingest drains the rest. Without this a drain that fits the byte rule above came as one

@@ -46,7 +46,7 @@ from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.log import SourceLog, open_filesystem
-from spark_mq.sources.ingest import _NO_REDELIVERIES, content_identity
+from spark_mq.sources.dedup import NO_REDELIVERIES, content_identity
 from spark_mq.sources.partitions import LogPartition, MemoryPartition, partition_count
 
 log = logging.getLogger("spark_mq.sources.batchread")
@@ -329,7 +329,7 @@ def logged_partitions(fmt: str, opts: Options, connector: Callable) -> list:
             log_.fast_forward(state["committed"])  # an emptied log continues after what was committed
         start = max(log_.tail, state["committed"])
         known: set = set()
-        if fmt not in _NO_REDELIVERIES and log_.head > start:
+        if fmt not in NO_REDELIVERIES and log_.head > start:
             # a read that failed between its fsync and its ack: the broker redelivers what the log holds
             for batch in log_.read(start, log_.head):
                 cols = batch.select(["body", "message_id", "headers"]).to_pydict()

@@ -3,8 +3,10 @@
 Responsible for: the loop (connect, take a group, append it, acknowledge it, pause while the
 unprocessed log is over its bounds), the three ack modes (durable: after the fsync; commit: when
 Spark commits, as one cumulative ack in a transaction; auto: never, the broker did), and the
-progress figures; ``Ingest`` is the facade the stream reader (``spark_mq.sources.base``) and the
-tests use. Runs in the driver-side reader process only, started lazily by the stream reader.
+progress figures; ``Ingest`` is the facade the stream reader (``spark_mq.sources.base``) uses (its
+methods, plus the read-only ``target``, ``available_now`` and ``available_now_began``); its parts'
+state is read on the parts. Runs in the driver-side reader process only, started lazily by the
+stream reader.
 
 Its parts, each in a module of its own: when to connect again and when to give up
 (``spark_mq.sources.reconnect``), recognising redeliveries (``spark_mq.sources.dedup``), group sizing
@@ -20,9 +22,8 @@ durable mode on ActiveMQ, acknowledge them); Spark's thread plans (``figures``, 
 availableNow) and commits (``processed``, ``commit``). ``_consumer_lock`` guards the consumer, its
 generation and the commit-mode acks; ``_cond`` wakes Spark's thread.
 
-Above 500 lines (about 530): the loop and the three ack modes stay together, as they share the
-consumer, its generation and the commit-mode acks under one lock; and the facade keeps, as
-attributes of the ingest, the names its parts now hold (``_Part``).
+Above 500 lines (about 510): the loop and the three ack modes stay together, as they share the
+consumer, its generation and the commit-mode acks under one lock.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.log import LogInUseError, SourceLog
 from spark_mq.sources.availablenow import AvailableNowTarget
-from spark_mq.sources.dedup import NO_REDELIVERIES, Dedup, Redeliveries, content_identity
+from spark_mq.sources.dedup import NO_REDELIVERIES, Redeliveries, content_identity
 from spark_mq.sources.groups import GroupSizer
 from spark_mq.sources.poison import DeliveryFailedError, PoisonPolicy, build_batches
 from spark_mq.sources.progress import ProgressFigures
@@ -48,9 +49,6 @@ from spark_mq.sources.writebehind import LogWriteError, WriteBehind
 log = logging.getLogger("spark_mq.sources.ingest")
 
 __all__ = ["Ingest", "content_identity", "prefetch_of", "BrokerUnavailableError", "LogWriteError", "DeliveryFailedError"]
-
-_NO_REDELIVERIES = NO_REDELIVERIES  # the name spark_mq.sources.batchread imports from here
-_Dedup = Dedup  # the name bench/bench_ingest.py patches (its "before the fix" memory run)
 
 _PAUSE_CHECK = 0.05   # seconds between checks while paused
 # seconds a new ingest waits for another writer of its (local) log to go: a restarted query's
@@ -71,49 +69,8 @@ def prefetch_of(opts: Options) -> int:
     return _DEFAULT_COMMIT_PREFETCH if opts.get("ackMode") == "commit" else _DEFAULT_PREFETCH
 
 
-class _Part:
-    """An attribute of the ingest that one of its parts keeps: ``ing.<name>`` reads and assigns
-    ``ing.<part>.<attr>`` (the names ``spark_mq.sources.base`` and the tests use on the ingest)."""
-
-    def __init__(self, part: str, attr: str) -> None:
-        self.part, self.attr = part, attr
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self.part), self.attr)
-
-    def __set__(self, obj, value) -> None:
-        setattr(getattr(obj, self.part), self.attr, value)
-
-
 class Ingest:
     """One source's ingest thread and the state it shares with the stream reader."""
-
-    # kept by the parts (see the module docstring)
-    _group_limit = _Part("_sizer", "limit")
-    _group_count = _Part("_sizer", "count")
-    _size_groups = _Part("_sizer", "size")
-    _dedup = _Part("_redeliveries", "ids")
-    _stable_ids = _Part("_redeliveries", "stable_ids")
-    _resend_window = _Part("_redeliveries", "resend_window")
-    _unsynced = _Part("_wb", "unsynced")
-    _flusher = _Part("_wb", "flusher")
-    _acks_on_sync = _Part("_wb", "acks_on_sync")
-    _unsynced_groups = _Part("_wb", "unsynced_groups")
-    _unwritten_keep = _Part("_wb", "unwritten_keep")
-    _settle = _Part("_wb", "settle")
-    _ack_durable = _Part("_wb", "ack_durable")
-    log_waits = _Part("_wb", "waits")
-    log_wait_seconds = _Part("_wb", "wait_seconds")
-    target = _Part("_an", "target")
-    _available_now = _Part("_an", "active")
-    _want_depth = _Part("_an", "want_depth")
-    _target_consumed = _Part("_an", "target_consumed")
-    _an_began = _Part("_an", "began")
-    _an_began_ms = _Part("_an", "began_ms")
-    _count_target = _Part("_an", "count")
-    _maybe_fix_target = _Part("_an", "maybe_fix")
 
     def __init__(self, fmt: str, opts: Options, connect: Callable[[int], object]) -> None:
         self.fmt = fmt
@@ -309,7 +266,7 @@ class Ingest:
             self._resumed.wait(_PAUSE_CHECK)
             return
         if self.over_bound():
-            self._settle(keep=0)
+            self._wb.settle(keep=0)
             if not self.paused:
                 self.paused = True
                 consumer.pause()
@@ -324,7 +281,7 @@ class Ingest:
         # Groups waiting for the flusher's fsync while the next is gathered (see WriteBehind):
         # nothing waits on their durability but Spark's planning (the flusher serves no acks). A wait
         # here is counted: the broker's deliveries queue meanwhile.
-        self._settle(keep=self._wb.unsynced_groups, counted=True)
+        self._wb.settle(keep=self._wb.unsynced_groups, counted=True)
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
         if consumer.builds_batches:  # the consumer builds the group's batch itself (Malamute: no acks)
             started = time.monotonic()
@@ -408,7 +365,7 @@ class Ingest:
             self._take(consumer, msgs[:i])
         # those before it become durable (and, acked per ackMode, nothing before it waits on an
         # ack the dead-lettering might give cumulatively: STOMP on ActiveMQ)
-        self._settle(keep=0)
+        self._wb.settle(keep=0)
         reason = f"failed {count} sessions of spark-mq's {self.fmt} source: {poison.reason}"
         with self._consumer_lock:
             later = consumer.dead_letter(poison.msg, reason, count)
@@ -435,7 +392,7 @@ class Ingest:
         if unwatched:
             log.debug("%s source: %.3f s unwatched before an empty poll; silence counts from later", self.fmt, unwatched)
             self.last_message = min(now, self.last_message + unwatched)
-        self._settle(keep=0)  # nothing more came: what came before is acknowledged now
+        self._wb.settle(keep=0)  # nothing more came: what came before is acknowledged now
         self.first_poll_done = True
         self._an.maybe_fix(consumer, quiet_ok=True)
 
@@ -469,6 +426,21 @@ class Ingest:
         """Forget the availableNow target: the next batches take whatever comes (Spark < 4.2 fixes one
         for a run's first batch only, see ``MQStreamReader._first_batch_of_one_batch_triggers``)."""
         self._an.end()
+
+    @property
+    def available_now(self) -> bool:
+        """Whether an availableNow run is being drained (from ``prepare_available_now`` to its end)."""
+        return self._an.active
+
+    @property
+    def available_now_began(self) -> float:
+        """When (``time.monotonic()``) the current availableNow run began; 0.0 before any."""
+        return self._an.began
+
+    @property
+    def target(self) -> Optional[int]:
+        """The availableNow target: the offset the run ends at, None until fixed (or after its end)."""
+        return self._an.target
 
     def starved(self) -> bool:
         """Commit mode: the broker holds back, ``prefetch`` messages wait for Spark's commit."""

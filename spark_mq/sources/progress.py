@@ -60,10 +60,10 @@ class ProgressFigures:
             "duplicatesDropped": ing.duplicates,
             "reconnects": ing.reconnects,
             "deadLettered": ing.dead_lettered,
-            "logWaits": ing.log_waits,
-            "logWaitSeconds": round(ing.log_wait_seconds, 3),
+            "logWaits": ing._wb.waits,
+            "logWaitSeconds": round(ing._wb.wait_seconds, 3),
             "paused": ing.paused,
             "clientBuffered": self._client_buffered(consumer),
             "connected": ing.connected,
-            "availableNowTarget": ing.target,
+            "availableNowTarget": ing._an.target,
         }

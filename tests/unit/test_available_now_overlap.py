@@ -26,7 +26,7 @@ class _Draining:
         self.log = _Log()
         self.target = None
         self.paused = False
-        self._an_began = began
+        self.available_now_began = began
         self.last_message = began
 
     def over_bound(self):

@@ -40,7 +40,7 @@ class _Consumer(Consumer):
 
     def ack(self, msgs):
         # the guarantee: every message acknowledged is durable in the log when its ACK goes out
-        assert self.ing.log.durable_head >= self.ing._unsynced[0][0]
+        assert self.ing.log.durable_head >= self.ing._wb.unsynced[0][0]
         self.acked.append([body for _, body in msgs])
         self.threads.add(threading.current_thread().name)
 
@@ -53,12 +53,12 @@ class _Consumer(Consumer):
 
 def test_max_group_caps_the_groups(tmp_path):
     ing = _ingest(tmp_path)
-    ing._group_limit = ing._group_count = 500  # as the stomp source's with prefetch 1000
+    ing._sizer.limit = ing._sizer.count = 500  # as the stomp source's with prefetch 1000
     ing._adopt(_Consumer(ing, [], max_group=100))
-    assert ing._group_limit == ing._group_count == 100
-    ing._size_groups(10 * 100, 100)  # 1 MiB of 10 B bodies would be 104,857
-    assert ing._group_count == 100
-    assert ing._flusher is None  # no ack_when_durable: the fsync stays inline
+    assert ing._sizer.limit == ing._sizer.count == 100
+    ing._sizer.size(10 * 100, 100)  # 1 MiB of 10 B bodies would be 104,857
+    assert ing._sizer.count == 100
+    assert ing._wb.flusher is None  # no ack_when_durable: the fsync stays inline
     ing.log.close()
 
 
@@ -69,7 +69,7 @@ def test_max_group_caps_the_groups(tmp_path):
 def test_ack_when_durable_starts_the_flusher_in_durable_mode(tmp_path, extra, started):
     ing = _ingest(tmp_path, **extra)
     ing._adopt(_Consumer(ing, [], ack_when_durable=True))
-    assert (ing._flusher is not None) is started and ing._acks_on_sync is started
+    assert (ing._wb.flusher is not None) is started and ing._wb.acks_on_sync is started
     ing.stop()
 
 
@@ -78,7 +78,7 @@ def test_ack_when_durable_means_nothing_without_durable_acks(tmp_path, mode):
     ing = _ingest(tmp_path)
     ing.ack_mode = mode
     ing._adopt(_Consumer(ing, [], ack_when_durable=True))
-    assert not ing._acks_on_sync
+    assert not ing._wb.acks_on_sync
     ing.stop()
 
 
@@ -111,8 +111,8 @@ def test_the_fsync_thread_acks_each_group_once_durable_while_the_next_is_gathere
     assert consumer.acked == [[b"\0" * 10, b"\1" * 10, b"\2" * 10], [b"\3" * 10, b"\4" * 10, b"\5" * 10]]
     assert consumer.threads == {"spark-mq-fsync-malamute"}  # not the ingest thread: no poll delays an ACK
     ing._step()
-    ing._settle(keep=0)
-    assert consumer.acked[-1] == [b"\6" * 10] and ing.log.durable_head == 7 and not ing._unsynced
+    ing._wb.settle(keep=0)
+    assert consumer.acked[-1] == [b"\6" * 10] and ing.log.durable_head == 7 and not ing._wb.unsynced
     ing.stop()
 
 
@@ -127,6 +127,6 @@ def test_acks_of_a_lost_connection_are_not_sent_on_the_next(tmp_path, monkeypatc
     second = _Consumer(ing, [b"c"], ack_when_durable=True)
     ing._consumer, ing._generation = second, ing._generation + 1   # reconnected meanwhile
     release.set()
-    ing._settle(keep=0)
-    assert first.acked == [] and second.acked == [] and not ing._unsynced
+    ing._wb.settle(keep=0)
+    assert first.acked == [] and second.acked == [] and not ing._wb.unsynced
     ing.stop()

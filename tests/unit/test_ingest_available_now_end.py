@@ -18,8 +18,8 @@ def _ingest(tmp_path, fmt="malamute", **extra):
     opts = parse_options({**base, "logLocation": str(tmp_path / "log"), **extra}, format=fmt, direction=SOURCE)
     ing = Ingest(fmt, opts, connect=None)
     ing.prepare_available_now = None  # never: the test sets the state prepare_available_now would
-    ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
-    ing._an_began, ing._an_began_ms = time.monotonic(), int(time.time() * 1000)
+    ing._an.active, ing._an.want_depth, ing._an.target_consumed = True, False, None
+    ing._an.began, ing._an.began_ms = time.monotonic(), int(time.time() * 1000)
     return ing
 
 
@@ -61,7 +61,7 @@ def _steps(ing, seconds):
 
 def test_the_first_message_stamped_after_the_start_ends_the_drain_below_it(tmp_path):
     ing = _ingest(tmp_path, "stomp", quietPeriod="30s")
-    before, after = ing._an_began_ms - 1000, ing._an_began_ms + 5
+    before, after = ing._an.began_ms - 1000, ing._an.began_ms + 5
     ing._consumer = _Stamping([(b"a", before), (b"b", before), (b"c", after), (b"d", before)])
     ing._step()
     assert ing.target == 2, "the run ends below the first message sent after it began"

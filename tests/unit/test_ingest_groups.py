@@ -21,7 +21,7 @@ def _ingest(tmp_path, fmt="malamute", **extra):
 
 def test_first_group_takes_the_count_limit(tmp_path):
     ing = _ingest(tmp_path)                        # malamute: no acks, so fsyncMessages alone
-    assert ing._group_count == ing._group_limit == 20_000
+    assert ing._sizer.count == ing._sizer.limit == 20_000
     ing.log.close()
 
 
@@ -34,18 +34,18 @@ def test_first_group_takes_the_count_limit(tmp_path):
 ])
 def test_groups_follow_the_last_mean_body_size(tmp_path, body, count, expected):
     ing = _ingest(tmp_path)
-    ing._size_groups(body * count, count)
-    assert ing._group_count == expected
+    ing._sizer.size(body * count, count)
+    assert ing._sizer.count == expected
     ing.log.close()
 
 
 def test_groups_stay_within_half_the_prefetch_with_acks(tmp_path):
     ing = _ingest(tmp_path, fmt="amqp08", prefetch="1000", fsyncBytes="64k")
-    assert ing._group_limit == 500
-    ing._size_groups(10 * 100, 100)                # 64 KiB / 10 B would be 6553: capped at 500
-    assert ing._group_count == 500
-    ing._size_groups(1024 * 100, 100)              # 64 KiB / 1 KiB
-    assert ing._group_count == 64
+    assert ing._sizer.limit == 500
+    ing._sizer.size(10 * 100, 100)                 # 64 KiB / 10 B would be 6553: capped at 500
+    assert ing._sizer.count == 500
+    ing._sizer.size(1024 * 100, 100)               # 64 KiB / 1 KiB
+    assert ing._sizer.count == 64
     ing.log.close()
 
 
@@ -242,7 +242,7 @@ def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monk
     ing._step()                                     # inline fsync (no flusher yet): the log's first segment
     assert acked == [[b"a", b"b"]] and ing.log.durable_head == 2
     entered, release = _slow_sync(ing, monkeypatch)
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     ing._consumer = Consumer([b"c", b"d", b"e"])
     ing._step()                                     # appended; its fsync is requested, not awaited
     assert entered.wait(10)
@@ -259,7 +259,7 @@ def test_the_next_group_is_gathered_while_the_last_one_is_fsynced(tmp_path, monk
     assert not step.is_alive()
     assert acked == [[b"a", b"b"], [b"c", b"d", b"e"], [b"f"]] and ing.log.durable_head == 6
     assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"a", b"b", b"c", b"d", b"e", b"f"]
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -280,11 +280,11 @@ def test_a_slow_fsync_keeps_the_consumers_heartbeat(tmp_path, monkeypatch):
     ing._consumer = Consumer([b"a"])
     ing._step()                                     # the log's first segment, fsynced in line
     entered, release = _slow_sync(ing, monkeypatch)
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     ing._consumer = Consumer([b"b", b"c"])
     ing._step()                                     # its fsync is held on the "disk"
     assert entered.wait(10)
-    waiting = threading.Thread(target=ing._settle, args=(0,))
+    waiting = threading.Thread(target=ing._wb.settle, args=(0,))
     waiting.start()
     deadline = time.monotonic() + 10
     while len(beats) < 2 and time.monotonic() < deadline:
@@ -293,7 +293,7 @@ def test_a_slow_fsync_keeps_the_consumers_heartbeat(tmp_path, monkeypatch):
     release.set()
     waiting.join(10)
     assert not waiting.is_alive() and ing.log.durable_head == 3
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -311,14 +311,14 @@ def test_a_fsync_thread_that_dies_fails_the_ingest(tmp_path, monkeypatch):
         raise RuntimeError("not an OSError")
 
     monkeypatch.setattr(ing.log, "sync", broken)
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     ing._consumer = _FakeConsumer([b"b"])
     ing._step()
     with pytest.raises(LogWriteError, match="not an OSError") as info:
-        ing._settle(keep=0)
+        ing._wb.settle(keep=0)
     assert str(tmp_path / "log") in str(info.value) and ing.log.durable_head == 1
     monkeypatch.undo()
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -338,10 +338,10 @@ def test_an_fsync_failure_at_stop_is_an_error_not_a_redelivery(tmp_path, monkeyp
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(ing.log, "sync", broken)
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     ing._consumer = _FakeConsumer([b"b"])
     ing._step()
-    ing._flusher._thread.join(10)                   # the fsync failed
+    ing._wb.flusher._thread.join(10)                # the fsync failed
     ing._stop.set()
     with caplog.at_level(logging.INFO, logger="spark_mq.sources.ingest"):
         ing._settle_on_stop()
@@ -350,7 +350,7 @@ def test_an_fsync_failure_at_stop_is_an_error_not_a_redelivery(tmp_path, monkeyp
     assert not any("redelivers" in r.getMessage() for r in caplog.records)
     assert ing.error is not None
     monkeypatch.undo()
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -399,7 +399,7 @@ def test_an_fsync_slower_than_the_quiet_period_does_not_end_available_now(tmp_pa
     # a 1 s quiet period, so that a stall of the test machine between two steps cannot pass for it
     ing = _ingest(tmp_path, quietPeriod="1s")
     ing.ack_mode = "durable"  # as stomp has it; Malamute's rows suit the fake consumer
-    ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
+    ing._an.active, ing._an.want_depth, ing._an.target_consumed = True, False, None
     real_sync = ing.log.sync
     monkeypatch.setattr(ing.log, "sync", lambda: (time.sleep(1.5), real_sync()))
     ing._consumer = _FakeConsumer([b"a", b"b"])
@@ -458,7 +458,7 @@ def test_a_stalled_process_does_not_pass_for_the_brokers_silence(tmp_path, where
     for a stall between polls in durable mode (the acks of the first part restarted the count)."""
     ing = _ingest(tmp_path, quietPeriod="0.3s", fsync="false")
     ing.ack_mode = ack_mode
-    ing._available_now, ing._want_depth, ing._target_consumed = True, False, None
+    ing._an.active, ing._an.want_depth, ing._an.target_consumed = True, False, None
     ing._consumer = _StallingConsumer([b"a", b"b"], [b"c"], stall=0.6, where=where)
     ing._step()                                    # the first part (and a stall building its rows)
     ing._step()                                    # an empty poll (after, or with, the stall)
@@ -484,20 +484,20 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, **({"fsyncBytes": fsync_bytes} if fsync_bytes else {}))
-    assert ing._unsynced_groups == waiting
+    assert ing._wb.unsynced_groups == waiting
     ing._consumer = _FakeConsumer([b"first"])
     ing._step()                                     # the log's first segment, fsynced in line
     entered, release = _slow_sync(ing, monkeypatch)
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     for i in range(waiting + 1):                    # the first group's fsync is held on the "disk"
         ing._consumer.bodies = [b"g%d" % i]
         step = threading.Thread(target=ing._step)
         step.start()
         step.join(10)
-        assert not step.is_alive(), f"step {i} waited for the disk with {len(ing._unsynced)} groups unsynced"
+        assert not step.is_alive(), f"step {i} waited for the disk with {len(ing._wb.unsynced)} groups unsynced"
         assert entered.wait(10)
-    assert len(ing._unsynced) == waiting + 1 and ing.log.head == waiting + 2 and ing.log.durable_head == 1
-    assert ing.log_waits == 0
+    assert len(ing._wb.unsynced) == waiting + 1 and ing.log.head == waiting + 2 and ing.log.durable_head == 1
+    assert ing._wb.waits == 0
     ing._consumer.bodies = [b"last"]
     step = threading.Thread(target=ing._step)       # one group more than may wait: this step waits
     step.start()
@@ -506,15 +506,15 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     release.set()
     step.join(10)
     assert not step.is_alive() and ing.log.head == waiting + 3
-    assert ing.log_waits == 1 and ing.log_wait_seconds >= 0.25   # the wait shows in the figures
+    assert ing._wb.waits == 1 and ing._wb.wait_seconds >= 0.25   # the wait shows in the figures
     ing._consumer = None
     figures = ing.figures()
     assert figures["logWaits"] == 1 and figures["logWaitSeconds"] >= 0.25, figures
-    ing._settle(keep=0)
+    ing._wb.settle(keep=0)
     assert ing.log.durable_head == waiting + 3
     bodies = [x for b in ing.log.read(0, waiting + 3) for x in b.column("body").to_pylist()]
     assert bodies == [b"first"] + [b"g%d" % i for i in range(waiting + 1)] + [b"last"]
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -536,12 +536,12 @@ def test_while_an_fsync_is_slow_every_group_is_written_at_once(tmp_path, monkeyp
     from spark_mq.sources.writebehind import Flusher as _Flusher
 
     ing = _ingest(tmp_path, fsyncBytes="16k")       # 4,096 groups may wait for the fsync, 4 unwritten
-    assert ing._unsynced_groups == 4096 and ing._unwritten_keep == 4 * 16384
+    assert ing._wb.unsynced_groups == 4096 and ing._wb.unwritten_keep == 4 * 16384
     ing._consumer = _FakeConsumer([b"first"])
     ing._step()
     entered, release = _slow_sync(ing, monkeypatch)
     ing.log.defer_writes()
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     segment = ing.log._segments[-1].path
     bodies = [bytes([65 + i]) * 20_000 for i in range(12)]  # a group each, larger than fsyncBytes
     for i, body in enumerate(bodies):
@@ -553,12 +553,12 @@ def test_while_an_fsync_is_slow_every_group_is_written_at_once(tmp_path, monkeyp
         assert entered.wait(10)
         assert _unwritten_drains(ing.log), f"step {i}: {ing.log.unwritten_bytes} bytes never written"
         assert os.path.getsize(segment) == ing.log._segments[-1].size   # in the file, not in memory
-    assert ing.log.durable_head == 1 and ing.log_waits == 0 and len(ing._unsynced) == 12
+    assert ing.log.durable_head == 1 and ing._wb.waits == 0 and len(ing._wb.unsynced) == 12
     release.set()
-    ing._settle(keep=0)
+    ing._wb.settle(keep=0)
     assert ing.log.durable_head == 13 and ing.log.unwritten_bytes == 0
     assert [x for b in ing.log.read(0, 13) for x in b.column("body").to_pylist()] == [b"first"] + bodies
-    ing._flusher.close()
+    ing._wb.flusher.close()
     ing.stop()
 
 
@@ -583,7 +583,7 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
 
     monkeypatch.setattr(local_mod, "_write_all", stuck_write)
     ing.log.defer_writes()
-    ing._flusher = _Flusher(ing.log, "test-fsync", ing._notify)
+    ing._wb.flusher = _Flusher(ing.log, "test-fsync", ing._notify)
     bodies = [bytes([65 + i]) * 20_000 for i in range(5)]
     for i, body in enumerate(bodies[:3]):           # 3 groups in memory: under 4 x 16 KiB
         ing._consumer.bodies = [body]
@@ -606,9 +606,9 @@ def test_the_ingest_waits_for_a_writer_more_than_4_groups_behind(tmp_path, monke
     ing._step()
     assert _unwritten_drains(ing.log)
     release.set()
-    ing._settle(keep=0)
+    ing._wb.settle(keep=0)
     assert ing.log.durable_head == 6
-    ing._flusher.close()
+    ing._wb.flusher.close()
     assert [x for b in ing.log.read(0, 6) for x in b.column("body").to_pylist()] == [b"first"] + bodies
     ing.stop()
 
@@ -621,7 +621,7 @@ def test_dedup_trims_on_its_own_thread_while_another_commits(tmp_path):
     import threading
 
     ing = _ingest(tmp_path, fmt="amqp08", dedupWindow="100")
-    dedup = ing._dedup
+    dedup = ing._redeliveries.ids
     stop, errors, added = threading.Event(), [], [0]
 
     def ingest_thread():
@@ -662,7 +662,7 @@ def test_dedup_identities_stay_bounded_when_a_body_recurs(tmp_path):
     from spark_mq.sources.ingest import content_identity
 
     ing = _ingest(tmp_path, fmt="amqp08", dedupWindow="2500")
-    dedup = ing._dedup
+    dedup = ing._redeliveries.ids
     held = []
     for offset in range(100_000):
         body = b"{}" if offset % 100 == 0 else f"m{offset}".encode()
@@ -714,7 +714,7 @@ def test_a_group_that_cannot_be_built_fails_the_ingest_and_records_no_identity(t
     ing._resumed.set()
     with pytest.raises(LogWriteError, match="could not be added to the source log.*SparkMqError.*2 GiB"):
         ing._step()
-    assert len(ing._dedup) == 0 and ing.log.head == 0
+    assert len(ing._redeliveries.ids) == 0 and ing.log.head == 0
     ing.log.close()
 
 
@@ -724,7 +724,7 @@ def test_identities_of_a_group_are_recorded_once_it_is_in_the_log(tmp_path):
     ing._resumed.set()
     ing._step()
     assert ing.log.head == 3 and ing.duplicates == 0
-    assert all(k in ing._dedup for k in "abc")
+    assert all(k in ing._redeliveries.ids for k in "abc")
     ing._step()  # the same ids redelivered: all dropped as duplicates
     assert ing.log.head == 3 and ing.duplicates == 3
     ing.log.close()
@@ -761,7 +761,7 @@ def test_a_poison_delivery_fails_its_sessions_then_is_dead_lettered_after_those_
     ing._resumed.set()
     with pytest.raises(PoisonDelivery):       # first failure: the session fails, nothing of the group taken
         ing._step()
-    assert ing.log.head == 0 and events == [] and ing.consumed == 0 and len(ing._dedup) == 0
+    assert ing.log.head == 0 and events == [] and ing.consumed == 0 and len(ing._redeliveries.ids) == 0
     ing._step()                              # the broker redelivered it: the second failure dead-letters it
     assert ing.log.head == 2 and ing.dead_lettered == 1
     # 'a' durable and acked before the dead-lettering; 'c' taken after it

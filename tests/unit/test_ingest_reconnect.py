@@ -108,16 +108,16 @@ def test_available_now_target_does_not_count_dropped_redeliveries(tmp_path):
         def buffered(self):
             return 0
 
-    ing._available_now = True
+    ing._an.active = True
     ing.consumed, ing.duplicates = 4, 0
-    ing._count_target(Depth())                     # 4 taken, 10 in the queue: 14 to take
+    ing._an.count(Depth())                         # 4 taken, 10 in the queue: 14 to take
     ing.last_message = time.monotonic() - 30       # long silent: a reached count fixes the target
     ing.consumed, ing.duplicates = 14, 5           # 10 more deliveries, 5 of them redeliveries
-    ing._maybe_fix_target(None, quiet_ok=False)
+    ing._an.maybe_fix(None, quiet_ok=False)
     assert ing.target is None                      # 9 new of 14: not there yet
     ing.consumed = 19                              # 5 more new ones
-    ing._maybe_fix_target(None, quiet_ok=False)
-    ing._maybe_fix_target(None, quiet_ok=False)
+    ing._an.maybe_fix(None, quiet_ok=False)
+    ing._an.maybe_fix(None, quiet_ok=False)
     assert ing.target == ing.log.head
     ing.log.close()
 

@@ -37,7 +37,7 @@ def test_content_identity_drops_redelivered_copies_and_keeps_new_equal_messages(
                                    (b"b", True), (b"c", True)])                   # a copy of "b"; "c" is new
         while ing._consumer.deliveries:
             ing._step()
-        ing._settle(keep=0)
+        ing._wb.settle(keep=0)
         bodies = [b for batch in ing.log.read(0, ing.log.head) for b in batch.column("body").to_pylist()]
         assert bodies == [b"a", b"b", b"a", b"c"]
         assert ing.duplicates == 1 and ing.redeliveries == 2
@@ -139,10 +139,10 @@ def test_a_spark_mq_message_id_header_is_a_stable_id_on_any_stomp_broker(tmp_pat
             (b"a", "T_1@@s2@@1", "q:0:t:0:0", True),     # the broker's redelivery: another message-id
             (b"a2", "T_1@@s2@@2", "q:0:t:0:0", False),   # the sink's replay of the same id
         ])
-        ing._stable_ids = False  # what connecting to this consumer sets
+        ing._redeliveries.stable_ids = False  # what connecting to this consumer sets
         while ing._consumer.deliveries:
             ing._step()
-        ing._settle(keep=0)
+        ing._wb.settle(keep=0)
         bodies = [b for batch in ing.log.read(0, ing.log.head) for b in batch.column("body").to_pylist()]
         assert bodies == expected
     finally:

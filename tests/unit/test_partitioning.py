@@ -51,7 +51,7 @@ class _Ingest:
     def __init__(self, tail, head):
         self.log = _Log(tail, head)
         self.committed = tail
-        self._available_now = False
+        self.available_now = False
         self.target = None
         self.planned_end = 0
 
