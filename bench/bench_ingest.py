@@ -101,7 +101,7 @@ def ingest_run(fmt: str, options: dict, n: int) -> dict:
 
     logdir = tempfile.mkdtemp(prefix="bench-ingest-")
     opts = parse_options({**options, "logLocation": logdir}, format=fmt, direction=SOURCE)
-    connect_consumer = importlib.import_module(f"spark_mq.sources.{fmt}").connect_consumer
+    connect_consumer = importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer
     stages = _Stages()
 
     def connect(attempt):
@@ -165,7 +165,7 @@ def _memory_child(kind: str, url: str, queue: str, n: int, trace: bool) -> dict:
 
     from spark_mq.options import SOURCE, parse_options
     from spark_mq.sources import ingest as ingest_module
-    from spark_mq.sources.amqp08 import connect_consumer
+    from spark_mq.sources.formats.amqp08 import connect_consumer
 
     if kind == "recurring, before the fix":
         # the add before c3c3548 (issue 43, item 11): assigning an existing key keeps its first position in the dict

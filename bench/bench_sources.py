@@ -263,7 +263,7 @@ def protocol_table(amqp_url: str, stomp_url: str, mlm_endpoint: str, activemq_ur
     if activemq_url:
         table["stomp-activemq"] = (lambda name, n, s: stomp_preload(activemq_url, "/queue/" + name, n, s),
                                    lambda name, n: stomp_raw(activemq_url, "/queue/" + name, n),
-                                   # the default quiet period; ActiveMQ's stamps end a drain too (sources.stomp)
+                                   # the default quiet period; ActiveMQ's stamps end a drain too (sources.formats.stomp)
                                    lambda name: {"uri": activemq_url, "destination": "/queue/" + name,
                                                  "quietPeriod": "1"})
     return table

@@ -2,14 +2,16 @@
 
 Responsible for: ``Amqp08DataSource``, ``StompDataSource`` and ``MalamuteDataSource``, which Spark
 registers under ``amqp08``, ``stomp`` and ``malamute`` (see ``spark_mq.register``): reads go to the
-format's source (``spark_mq.sources``), writes to its sink (``spark_mq.sinks``). This module stands
-above both, so neither imports the other. Not responsible for reading or writing anything itself.
+format's source (``spark_mq.sources``, the format's own pieces in ``spark_mq.sources.formats``), writes
+to its sink (``spark_mq.sinks``). This module stands above both, so neither imports the other. Not
+responsible for reading or writing anything itself.
 
     from spark_mq.datasources import Amqp08DataSource
     spark.dataSource.register(Amqp08DataSource)
 
-The classes lived in ``spark_mq.sources.<format>`` before; those names still work (a module
-``__getattr__`` there imports them from here on first use: the one import that runs up a layer).
+The classes lived in ``spark_mq.sources.<format>`` before; those names still work: that module is
+now a compatibility shim whose module ``__getattr__`` imports them from here on first use (the one
+import that runs up a layer). Nothing in spark_mq imports the shims, so they make no circle.
 """
 
 from __future__ import annotations
@@ -21,17 +23,17 @@ from spark_mq.options import Options
 from spark_mq.sinks import amqp08 as amqp08_sink
 from spark_mq.sinks import malamute as malamute_sink
 from spark_mq.sinks import stomp as stomp_sink
-from spark_mq.sources import amqp08 as amqp08_source
-from spark_mq.sources import malamute as malamute_source
-from spark_mq.sources import stomp as stomp_source
 from spark_mq.sources.base import STREAM_READER, MQBatchReader, source_options
+from spark_mq.sources.formats import amqp08 as amqp08_source
+from spark_mq.sources.formats import malamute as malamute_source
+from spark_mq.sources.formats import stomp as stomp_source
 
 __all__ = ["MQDataSource", "Amqp08DataSource", "StompDataSource", "MalamuteDataSource"]
 
 
 class MQDataSource(DataSource):
     """Base of the per-format DataSources: subclasses set ``FORMAT``, ``SOURCE`` (the format's module
-    in ``spark_mq.sources``: ``validate``, ``connect_consumer``) and ``SINK`` (its module in
+    in ``spark_mq.sources.formats``: ``validate``, ``connect_consumer``) and ``SINK`` (its module in
     ``spark_mq.sinks``: ``create_writer``, ``create_stream_writer``)."""
 
     FORMAT = ""

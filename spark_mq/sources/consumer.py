@@ -35,7 +35,7 @@ class Consumer(ABC):
     #: ``broker_stamp_ms`` tells when the broker took a message in
     broker_stamps: bool = False
     #: at most this many messages per group (None: the ingest's own sizing); set per connection where
-    #: the broker decides (ActiveMQ dispatches a page per wake-up: see ``spark_mq.sources.stomp``)
+    #: the broker decides (ActiveMQ dispatches a page per wake-up: see ``spark_mq.sources.formats.stomp``)
     max_group: Optional[int] = None
     #: in durable mode on a local fsynced log, the flusher thread fsyncs each group and acks it as soon
     #: as it is durable, while the ingest gathers the next (the broker wakes at acks: ActiveMQ)

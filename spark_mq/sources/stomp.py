@@ -1,227 +1,23 @@
-"""The ``stomp`` source: STOMP 1.0 subscription for the shared ingest loop.
+"""Compatibility: the former path of the ``stomp`` source, kept for users' imports.
 
-Responsible for: the STOMP-specific parts only: SUBSCRIBE with ``ack:client`` (``ack:auto`` in
-``auto`` mode) and the broker's prefetch header, a MESSAGE frame as a row (every header in the
-``headers`` map), cumulative ACKs (per message on a broker not known to ack cumulatively), in
-``commit`` mode inside BEGIN/ACK/COMMIT, a frame above ``maxFrameBytes`` as a poison delivery, and
-dead-lettering (SEND to ``deadLetterDestination``, then ACK). While the ingest pauses, the client's own
-bound (``clientBufferMessages``/``clientBufferBytes``) holds the broker back in every mode: it stops
-reading its socket, so an ack:auto subscription, which no prefetch bounds, needs no UNSUBSCRIBE.
-
-    spark.readStream.format("stomp").option("uri", "stomp://guest:guest@host:61613")
-        .option("destination", "/queue/orders").option("logLocation", "/shared/orders-log").load()
-
-Identity for de-duplication: ``message-id`` where the broker keeps it across redeliveries
-(ActiveMQ); RabbitMQ makes a new one per session, so there a hash of body and user headers is
-used, checked only for redelivered messages (``redelivered:true``). The queue depth is unknown in
-STOMP: on ActiveMQ, availableNow and batch reads end at the first message the broker stamped after
-their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
-RabbitMQ ends after ``availableNowTimeout`` at the latest.
+``StompDataSource`` now lives in ``spark_mq.datasources`` and the ``stomp`` source's pieces
+(``StompConsumer``, ``connect_consumer``, ``validate``, ...) in ``spark_mq.sources.formats.stomp``;
+``from spark_mq.sources.stomp import StompDataSource`` (or any of those names) still works through the
+module ``__getattr__`` below, which imports them on first use. Nothing in spark_mq imports this module
+(tests/unit/test_repository.py checks it), so its one import up a layer makes no circle.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
-from spark_mq.clients.connect import connect_stomp
-from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
-from spark_mq.options import Options
-from spark_mq.sources.base import gather
-from spark_mq.sources.consumer import Consumer
-from spark_mq.sources.ingest import prefetch_of
-
-__all__ = ["StompConsumer", "connect_consumer", "validate"]
-
-def validate(opts: Options) -> None:
-    if not opts.get("destination"):
-        raise OptionError("the stomp source needs option 'destination' (e.g. /queue/orders)")
-    dlq = opts.get("deadLetterDestination")
-    if opts.get("poisonMessages") == "deadletter" and not dlq:
-        raise OptionError("option 'poisonMessages' is deadLetter: the stomp source needs option "
-                          "'deadLetterDestination' (where poison messages are sent, e.g. /queue/orders.dlq)")
-    if dlq and dlq == opts.destination:
-        raise OptionError(f"option 'deadLetterDestination' is {dlq!r}, the destination read: a poison message "
-                          f"would come back to fail again")
-
-
-#: headers of one delivery, not of the message: left out of a dead-lettered copy (the broker sets its own)
-_DELIVERY_HEADERS = frozenset({"message-id", "destination", "subscription", "content-length", "redelivered",
-                               "ack", "receipt", "transaction"})
-
-
-#: messages per group (one fsync, one ACK) on ActiveMQ: half the 200 a queue pages in per dispatch
-#: round (its default ``maxPageSize``), so a group fills from one page and its ACK wakes the queue for the
-#: next before the client runs dry
-ACTIVEMQ_GROUP = 100
-
-
-def _int(value):
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-class StompConsumer(Consumer):
-    dead_letters = True
-
-    def __init__(self, opts: Options, attempt: int = 0) -> None:
-        self.opts = opts
-        self.destination = opts.destination
-        self.auto = opts.get("ackMode") == "auto"
-        self.commit_mode = opts.get("ackMode") == "commit"
-        self.include_headers = opts.includeHeaders
-        self.client = connect_stomp(opts, start=attempt, max_frame_size=opts.maxFrameBytes)
-        profile = self.client.broker
-        self.cumulative = profile.cumulative_client_ack
-        self.stable_ids = profile.name != "rabbitmq"
-        self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
-        # ActiveMQ stops sending a queue to a consumer that fell behind (its socket full for a
-        # moment) after the page it holds (200 messages) until acknowledgements come
-        self.acks_release_more = profile.name == "activemq"
-        # ... and it does so at every ack too: a queue pages in at most ``maxPageSize`` (200 by default)
-        # messages per dispatch round, and a round runs when something wakes the queue (a send, a
-        # subscription, an ack), never because the consumer has prefetch left: on a preloaded queue
-        # about 200 messages past the last ACK are the window, whatever the prefetch. Groups of up to
-        # prefetch/2 (one fsync, one ACK each) would each wait out fsyncInterval at 200 messages
-        # (measured: a third of stomp.py's rate). So on ActiveMQ a group is at most half a page
-        # (``max_group``), and its fsync runs in the ingest's flusher thread, which acknowledges each
-        # group as soon as it is durable (``ack_when_durable``): an ACK per 100 messages, as the
-        # peer's, with the fsync off the receiving thread. The probes: bench/HISTORY.md.
-        # (durable mode only: ack:auto needs no ACK, and in commit mode the ACKs wait for Spark's commit)
-        durable = profile.name == "activemq" and not self.auto and not self.commit_mode
-        self.max_group = ACTIVEMQ_GROUP if durable else None
-        self.ack_when_durable = durable
-        try:
-            self._subscribe()
-        except BaseException as exc:
-            # a refused or unanswered SUBSCRIBE: the ingest connects again, and this connection (and
-            # a subscription it may hold after all, with deliveries nobody logs) must not stay open
-            self.client.close()
-            from spark_mq.protocol.stomp10 import StompError
-            if isinstance(exc, StompError):
-                # an ERROR frame in reply: the broker refused the destination (missing, forbidden),
-                # which retrying cannot mend: a refusal, so the ingest fails after its short grace,
-                # not after brokerTimeout
-                raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self.destination!r}: {exc}") from exc
-            raise
-        self._lost: Optional[BaseException] = None
-
-    def _subscribe(self) -> None:
-        self.sub = self.client.subscribe(self.destination, ack="auto" if self.auto else "client",
-                                         prefetch=None if self.auto else prefetch_of(self.opts))
-
-    def poll(self, max_count: int, timeout: float) -> list:
-        if self._lost is not None:
-            raise self._lost
-        out = self.client.receive_many(max_count, timeout)
-        if out:
-            self._lost = gather(out, self.client.receive_many, max_count, timeout)
-        return out
-
-    def row(self, frame, offset: int, now_us: int) -> tuple:
-        h = frame.headers
-        if frame.oversize:
-            raise self._too_large(frame)
-        redelivered = h.get("redelivered") == "true"
-        headers = None
-        if self.include_headers:
-            headers = [(k, v) for k, v in h.items() if k != "content-length"]
-        ts = _int(h.get("timestamp"))
-        ts = ts * 1000 if ts is not None else now_us
-        mid = h.get("message-id")
-        return (frame.body, h.get("destination", self.destination), mid, ts, headers, redelivered, offset,
-                h.get("subscription"), h.get("content-type"), h.get("correlation-id"), h.get("reply-to"),
-                _int(h.get("priority")), _int(h.get("expires")))
-
-    def _too_large(self, frame) -> PoisonDelivery:
-        h = frame.headers
-        length = h.get("content-length")
-        size = f"{frame.oversize} bytes" + (f" (content-length {length})" if length else "")
-        return PoisonDelivery(
-            f"its MESSAGE frame of {size} is above maxFrameBytes={self.opts.maxFrameBytes} (message-id "
-            f"{h.get('message-id')!r}); its body was skipped as it arrived",
-            msg=frame, message_id=h.get("message-id"), destination=h.get("destination", self.destination),
-            headers=[(k, v) for k, v in h.items() if k != "content-length"], size=frame.oversize, held=False,
-            option="maxFrameBytes")
-
-    def dead_letter(self, frame, reason: str, failures: int):
-        """SEND a poison message to ``deadLetterDestination`` (its headers, and why), wait for the
-        broker's receipt, then ACK it: never acknowledged unless the copy was taken. In commit mode the
-        frame is returned instead, to be acknowledged at Spark's commit past it."""
-        h = frame.headers
-        headers = {k: v for k, v in h.items() if v is not None and k and k not in _DELIVERY_HEADERS}
-        headers.update({
-            "persistent": "true",
-            "x-spark-mq-dead-letter-from": h.get("destination", self.destination),
-            "x-spark-mq-dead-letter-message-id": h.get("message-id", ""),
-            "x-spark-mq-dead-letter-failures": str(failures),
-            "x-spark-mq-dead-letter-reason": " ".join(reason.split())[:1000],  # one line: STOMP 1.0 cannot escape
-        })
-        self.client.send(self.opts.deadLetterDestination, frame.body, headers=headers, receipt=True)
-        if self.commit_mode:
-            # an ACK is cumulative on both brokers: now it would also acknowledge the messages before
-            # it that wait for Spark's commit. It is acknowledged with them, at the commit past it.
-            return frame
-        if not self.auto:
-            self.client.ack(frame)
-        return None
-
-    def ack(self, frames: list) -> None:
-        if self.auto or not frames:
-            return
-        if self.cumulative:
-            self.client.ack(frames[-1])
-        else:
-            for frame in frames:
-                self.client.ack(frame)
-
-    def token(self, frame):
-        return frame
-
-    def ack_commit(self, frame) -> None:
-        tx = self.client.begin()
-        self.client.ack(frame, transaction=tx)
-        self.client.commit(tx)
-
-    # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
-    # TCP holds the broker back, in every mode. (Not an UNSUBSCRIBE: its RECEIPT queues behind whatever
-    # the broker has already written, so it would pull all of that into memory.) keepalive: the
-    # client's reader thread keeps the heartbeat.
-
-    def broker_stamp_ms(self, frame) -> Optional[int]:
-        """When the message was sent (ms since the epoch), where the broker says so: ActiveMQ
-        stamps every message it is sent without a ``timestamp`` header (checked: a STOMP SEND
-        without one arrives with the broker's time; one with ``timestamp:5`` keeps 5; JMS producers
-        set it to their send time); on RabbitMQ a ``timestamp`` header is the producer's own, if
-        any, and is not used."""
-        return _int(frame.headers.get("timestamp")) if self.broker_stamps else None
-
-    def active_at(self) -> Optional[float]:
-        """When bytes last came from the broker: a large frame still arriving is not silence (an
-        ActiveMQ batch read with a 5 MB message on a busy machine ended early at the quiet period)."""
-        return self.client.received_at
-
-    # depth, depth_in_order: unknown in STOMP (the base's None)
-
-    def buffered(self) -> int:
-        return self.client.pending_messages
-
-    def close(self) -> None:
-        try:
-            self.client.disconnect(timeout=2.0)
-        except Exception:  # noqa: BLE001 - a broken connection cannot say goodbye
-            self.client.close()
-
-
-def connect_consumer(opts: Options, attempt: int = 0) -> StompConsumer:
-    return StompConsumer(opts, attempt)
-
 
 def __getattr__(name: str):
-    # Compatibility shim, the one import here that runs up a layer: ``StompDataSource`` moved to
-    # spark_mq.datasources (it joins this source and its sink); its documented old path still works.
     if name == "StompDataSource":
         from spark_mq.datasources import StompDataSource
         return StompDataSource
+    if not name.startswith("__"):
+        from spark_mq.sources.formats import stomp
+        try:
+            return getattr(stomp, name)
+        except AttributeError:
+            pass
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

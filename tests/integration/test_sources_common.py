@@ -276,7 +276,7 @@ def test_ingest_pauses_at_the_log_bound_and_resumes_after_commit(src, tmp_path):
     opts = parse_options({**src.options(dest), "logLocation": str(tmp_path / "log"), **prefetch,
                           "maxUncommittedMessages": "400", "fsyncMessages": "100"},
                          format=src.fmt, direction=SOURCE)
-    connect = importlib.import_module(f"spark_mq.sources.{src.fmt}").connect_consumer
+    connect = importlib.import_module(f"spark_mq.sources.formats.{src.fmt}").connect_consumer
     ing = Ingest(src.fmt, opts, lambda attempt: connect(opts, attempt))
     ing.start()
     try:
@@ -370,7 +370,7 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
     opts = parse_options({**options, "logLocation": str(tmp_path / "log"), "prefetch": "100",
                           "maxUncommittedMessages": "300", "fsyncMessages": "50", "reconnectDelay": "0.2"},
                          format=fmt, direction=SOURCE)
-    connect = importlib.import_module(f"spark_mq.sources.{fmt}").connect_consumer
+    connect = importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer
     ing = Ingest(fmt, opts, lambda attempt: connect(opts, attempt))
     ing.start()
     try:
@@ -414,7 +414,7 @@ def test_ingest_groups_follow_fsync_bytes(src, tmp_path):
     src.publish(dest, 0, 200)
     opts = parse_options({**src.options(dest), "logLocation": str(tmp_path / "log"), "fsyncBytes": "40"},
                          format=src.fmt, direction=SOURCE)
-    connect = importlib.import_module(f"spark_mq.sources.{src.fmt}").connect_consumer
+    connect = importlib.import_module(f"spark_mq.sources.formats.{src.fmt}").connect_consumer
     ing = Ingest(src.fmt, opts, lambda attempt: connect(opts, attempt))
     ing.start()
     try:

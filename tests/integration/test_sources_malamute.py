@@ -188,7 +188,7 @@ def test_a_lost_broker_fails_over_to_the_next_endpoint_then_times_out(tmp_path):
     from broker_process import BrokerProcess
     from spark_mq.options import SOURCE, parse_options
     from spark_mq.sources.ingest import BrokerUnavailableError, Ingest
-    from spark_mq.sources.malamute import connect_consumer
+    from spark_mq.sources.formats.malamute import connect_consumer
 
     first, second = BrokerProcess(client_timeout=10.0).start(), BrokerProcess(client_timeout=10.0).start()
     opts = parse_options({"uri": f"{first.endpoint},{second.endpoint}", "mailbox": "orders",

@@ -245,7 +245,7 @@ def test_stomp_dead_letter_sends_the_message_with_why_then_acks_it(stomp_broker,
     kept: see above), so the dead-lettering is driven at the consumer; the ingest's part (the
     messages before it durable first, the rest taken after) is unit-tested in test_ingest_groups.py."""
     from spark_mq.options import SOURCE, parse_options
-    from spark_mq.sources.stomp import StompConsumer
+    from spark_mq.sources.formats.stomp import StompConsumer
 
     dest, dlq = "/queue/" + unique_name("poison-sdl"), "/queue/" + unique_name("poison-sdlq")
     url = stomp_broker.url("stomp")
@@ -320,7 +320,7 @@ def test_stomp_dead_letter_in_commit_mode_leaves_the_ack_to_sparks_commit(stomp_
     the frame back, to be acknowledged with them at the commit past it: until then the broker keeps
     the message before it."""
     from spark_mq.options import SOURCE, parse_options
-    from spark_mq.sources.stomp import StompConsumer
+    from spark_mq.sources.formats.stomp import StompConsumer
 
     dest, dlq = "/queue/" + unique_name("poison-cdl"), "/queue/" + unique_name("poison-cdlq")
     url = stomp_broker.url("stomp")

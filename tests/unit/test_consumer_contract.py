@@ -7,10 +7,10 @@ import inspect
 
 import pytest
 
-from spark_mq.sources.amqp08 import Amqp08Consumer
 from spark_mq.sources.consumer import Consumer
-from spark_mq.sources.malamute import MalamuteConsumer
-from spark_mq.sources.stomp import StompConsumer
+from spark_mq.sources.formats.amqp08 import Amqp08Consumer
+from spark_mq.sources.formats.malamute import MalamuteConsumer
+from spark_mq.sources.formats.stomp import StompConsumer
 
 CONSUMERS = [Amqp08Consumer, StompConsumer, MalamuteConsumer]
 

@@ -146,7 +146,7 @@ def test_sockets_probe_a_silent_peer_within_a_minute():
 def _stomp_consumer_refused(monkeypatch, error: BaseException, destination: str):
     """Build a ``StompConsumer`` over a client whose SUBSCRIBE raises ``error``; returns (what
     the constructor raised, whether the client was closed)."""
-    import spark_mq.sources.stomp as stomp_src
+    import spark_mq.sources.formats.stomp as stomp_src
 
     class Profile:
         cumulative_client_ack, name = True, "rabbitmq"

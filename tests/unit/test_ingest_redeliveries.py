@@ -78,8 +78,8 @@ def test_a_poll_whose_connection_goes_while_gathering_hands_over_what_it_gathere
     they gathered a group, and the deliveries already gathered were neither logged nor acked: in
     ``auto`` mode, where the broker forgets a message once sent, they were lost; with acks the
     broker sent them again, as redeliveries. Now they are handed over and the next poll raises."""
-    from spark_mq.sources.amqp08 import Amqp08Consumer
-    from spark_mq.sources.stomp import StompConsumer
+    from spark_mq.sources.formats.amqp08 import Amqp08Consumer
+    from spark_mq.sources.formats.stomp import StompConsumer
 
     amqp = object.__new__(Amqp08Consumer)
     amqp.ch, amqp._lost = _DyingChannel(["a", "b", "c"]), None

@@ -14,7 +14,7 @@ from spark_mq import schema as S
 from spark_mq.clients.malamute import Deliveries
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.zmtp import BodyBuffer
-from spark_mq.sources.malamute import MalamuteConsumer, deliveries_batch
+from spark_mq.sources.formats.malamute import MalamuteConsumer, deliveries_batch
 
 
 def held(deliveries: list, before: bytes = b"") -> Deliveries:
@@ -143,7 +143,7 @@ def test_the_body_buffer_is_reused_unless_a_column_still_holds_it():
 
 
 def test_a_body_buffer_grown_far_past_what_groups_take_is_let_go(monkeypatch):
-    import spark_mq.sources.malamute as M
+    import spark_mq.sources.formats.malamute as M
 
     monkeypatch.setattr(M, "_BODY_KEEP", 1000)
     consumer = MalamuteConsumer.__new__(MalamuteConsumer)
@@ -160,7 +160,7 @@ def test_body_buffers_held_by_unwritten_groups_are_reused_once_written(tmp_path)
     """The log's write-behind holds each group's body buffer (the IPC message's parts are its
     memory) until the group is written: the next groups take other buffers, and a written group's
     buffer is taken again, never a fresh one while one is free; at most ``_BODIES_KEPT`` stay."""
-    import spark_mq.sources.malamute as M
+    import spark_mq.sources.formats.malamute as M
     from spark_mq.sources.log import SourceLog
 
     log = SourceLog(str(tmp_path / "log"), S.source_arrow_schema("malamute"))
@@ -205,7 +205,7 @@ def test_constant_columns_are_shared_by_groups_that_repeat_them(monkeypatch):
     """A group's constant columns (headers, destination, nulls) are built once per value, row count
     and type and shared by later groups; each group's batch still equals its rows' batch, and the
     cache holds a bounded number of columns."""
-    from spark_mq.sources import malamute as M
+    from spark_mq.sources.formats import malamute as M
 
     monkeypatch.setattr(M, "_CONSTANTS", {})
     deliveries = CASES["single frames, one sender"][:40]

@@ -19,7 +19,7 @@ from spark_mq.clients.malamute import DEFAULT_READ_BUFFER, MalamuteReceiver
 from spark_mq.protocol.malamute import codec
 from spark_mq.protocol.malamute.client import BrokerNotice, ServerBack, State
 from spark_mq.protocol.zmtp import BodyBuffer, encode_command, encode_message
-from spark_mq.sources.malamute import MalamuteConsumer
+from spark_mq.sources.formats.malamute import MalamuteConsumer
 
 from .test_zmtp_driver import PEER_GREETING, PEER_READY, ScriptedDealer, ScriptedSocket
 

@@ -80,8 +80,10 @@ LAYERS = [
 WITHOUT_SPARK = {"ground", "protocol", "transport", "clients"}
 SPARK_PACKAGES = {"pyspark", "pyarrow", "py4j"}
 #: (importer, imported): the imports allowed to run up a layer, each inside a module ``__getattr__``
-#: only. The DataSource classes moved up to spark_mq.datasources; their former public paths
-#: (spark_mq.sources.<format>.<Format>DataSource, in docs and notebooks) still give them.
+#: only. The DataSource classes moved up to spark_mq.datasources and each format's source pieces to
+#: spark_mq.sources.formats; their former public paths (spark_mq.sources.<format>.<Format>DataSource,
+#: in docs and notebooks) are compatibility modules that still give them. Nothing in spark_mq imports
+#: those (test_no_module_of_the_package_imports_a_compatibility_shim), so they are leaves and no circle.
 COMPAT_SHIMS = {(f"spark_mq.sources.{fmt}", "spark_mq.datasources") for fmt in ("amqp08", "stomp", "malamute")}
 #: (importer, imported): known exceptions, each with the reason it stays for now
 EXCEPTIONS: set = set()  # (importer, imported) pairs allowed against the layers: none
@@ -176,10 +178,9 @@ def layering_violations(modules: dict, only=None) -> list:
 
 
 def import_cycles(modules: dict) -> list:
-    """The module cycles (each a sorted list of names), counting function-level imports; the
-    compatibility shims are left out."""
-    graph = {name: sorted({t for t, _, in_getattr in _imports(name, path, modules) if t in modules and t != name
-                           and not ((name, t) in COMPAT_SHIMS and in_getattr)})
+    """The module cycles (each a sorted list of names), counting function-level imports and the
+    compatibility shims' imports (leaves: nothing imports them, so they close no cycle)."""
+    graph = {name: sorted({t for t, _, _ in _imports(name, path, modules) if t in modules and t != name})
              for name, path in modules.items()}
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
 
@@ -219,6 +220,36 @@ def test_every_import_runs_down_the_layers():
 
 def test_no_import_cycles_between_modules():
     assert import_cycles(_python_modules()) == []
+
+
+def shim_importers(modules: dict) -> list:
+    """Every import, by a module of ``modules``, of a compatibility shim (an importer in COMPAT_SHIMS),
+    as text: the shims are for users' code only."""
+    shims = {importer for importer, _ in COMPAT_SHIMS}
+    return [f"{_shown(path)}:{line}: {name} imports the compatibility shim {target}"
+            for name, path in modules.items()
+            for target, line, _ in _imports(name, path, modules) if target in shims and target != name]
+
+
+def test_no_module_of_the_package_imports_a_compatibility_shim():
+    """The shims (spark_mq.sources.<format>) exist and are leaves: no module of spark_mq (nor a
+    pyspark_* module) imports one, so the one import each makes up a layer closes no circle."""
+    modules = _python_modules()
+    assert {importer for importer, _ in COMPAT_SHIMS} <= set(modules)
+    assert all(target in modules for _, target in COMPAT_SHIMS)
+    assert shim_importers(modules) == []
+
+
+def test_the_shim_rule_catches_an_import_of_a_shim(tmp_path):
+    modules = _python_modules()
+    for name, text in {"spark_mq.sources.uses_shim": "from spark_mq.sources import stomp\n",
+                       "spark_mq.apps.uses_shim": "def f():\n    import spark_mq.sources.malamute\n"}.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        modules[name] = path
+    found = "\n".join(shim_importers(modules))
+    assert "spark_mq.sources.uses_shim imports the compatibility shim spark_mq.sources.stomp" in found
+    assert "spark_mq.apps.uses_shim imports the compatibility shim spark_mq.sources.malamute" in found
 
 
 def test_the_layering_rules_catch_a_violation(tmp_path):

@@ -33,7 +33,7 @@ def _named(fmt, row):
 
 
 def test_an_amqp08_row_puts_each_value_in_its_column():
-    from spark_mq.sources.amqp08 import Amqp08Consumer
+    from spark_mq.sources.formats.amqp08 import Amqp08Consumer
 
     consumer = object.__new__(Amqp08Consumer)
     consumer.queue, consumer.include_headers = "q", True
@@ -48,7 +48,7 @@ def test_an_amqp08_row_puts_each_value_in_its_column():
 
 
 def test_a_stomp_row_puts_each_value_in_its_column():
-    from spark_mq.sources.stomp import StompConsumer
+    from spark_mq.sources.formats.stomp import StompConsumer
 
     consumer = object.__new__(StompConsumer)
     consumer.destination, consumer.include_headers = "/queue/q", False
@@ -63,7 +63,7 @@ def test_a_stomp_row_puts_each_value_in_its_column():
 
 
 def test_a_malamute_row_puts_each_value_in_its_column():
-    from spark_mq.sources.malamute import MalamuteConsumer
+    from spark_mq.sources.formats.malamute import MalamuteConsumer
 
     consumer = object.__new__(MalamuteConsumer)
     consumer.destination = "stream"
