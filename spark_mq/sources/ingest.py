@@ -133,7 +133,7 @@ class Ingest:
         STOMP uri): ``max_group`` caps a group's messages; ``ack_when_durable`` (durable mode, on a
         local fsynced log) moves the fsync into the flusher thread, which acknowledges each group as
         soon as it is durable, while this thread gathers the next. ActiveMQ asks for both: it
-        dispatches a page per wake-up and wakes at ACKs (see ``spark_mq.sources.stomp``)."""
+        dispatches a page per wake-up and wakes at ACKs (see ``spark_mq.sources.formats.stomp``)."""
         cap = consumer.max_group
         if cap:
             self._sizer.cap(cap)
