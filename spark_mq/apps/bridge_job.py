@@ -27,6 +27,7 @@ import time
 from typing import Optional
 from urllib.parse import urlsplit
 
+from spark_mq.apps.commands.common import pairs
 from spark_mq.apps.progress import backlog_of, offset_dict
 
 __all__ = ["target_options", "progress_line", "state_dir", "cause_of", "run", "BridgeUsageError"]
@@ -53,16 +54,6 @@ def target_options(protocol: str, target: str, side: str) -> dict:
     if kind not in _MALAMUTE_KINDS or not name:
         raise BridgeUsageError(f"Malamute target {target!r}: give stream:NAME, mailbox:NAME or service:NAME")
     return {kind: name}
-
-
-def _pairs(items: Optional[list], flag: str) -> dict:
-    out = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BridgeUsageError(f"{flag} {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
 
 
 def _where(uri: str) -> str:
@@ -109,9 +100,9 @@ def run(args) -> int:
     from spark_mq.clients.connect import format_of
     source_fmt, sink_fmt = format_of(args.from_uri), format_of(args.to_uri)
     src = {"uri": args.from_uri, **target_options(source_fmt, args.source, "source"),
-           **_pairs(args.source_option, "--source-option")}
+           **pairs(args.source_option, "--source-option", BridgeUsageError)}
     dst = {"uri": args.to_uri, **target_options(sink_fmt, args.sink, "sink"),
-           **_pairs(args.sink_option, "--sink-option")}
+           **pairs(args.sink_option, "--sink-option", BridgeUsageError)}
     state = state_dir(args)
     src.setdefault("logLocation", os.path.join(state, "log"))
     os.makedirs(state, exist_ok=True)

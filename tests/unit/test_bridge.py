@@ -217,3 +217,17 @@ def test_the_bridge_command_reports_the_cause_inside_sparks_wrapping():
             "\tat org.apache.spark.api.python.X(X.scala:1)")
     assert cause_of(text) == "spark_mq.errors.ConnectionClosedError: connection to 127.0.0.1:5 refused (option 'uri')"
     assert cause_of("plain failure") == "plain failure"
+
+
+def test_key_value_flags_name_the_flag_and_the_item():
+    """``--source-option``/``--sink-option`` of the bridge and the other commands' KEY=VALUE flags share
+    one parser; each command's own usage error names the flag at fault."""
+    from spark_mq.apps.bridge_job import BridgeUsageError
+    from spark_mq.apps.commands.common import UsageError, pairs
+
+    assert pairs(["a=1", "b=x=y", "c="], "--source-option") == {"a": "1", "b": "x=y", "c": ""}
+    assert pairs(None, "--header") == {}
+    with pytest.raises(BridgeUsageError, match=r"--sink-option 'bad': expected KEY=VALUE"):
+        pairs(["ok=1", "bad"], "--sink-option", BridgeUsageError)
+    with pytest.raises(UsageError, match=r"--header '=v': expected KEY=VALUE"):
+        pairs(["=v"], "--header")

@@ -46,13 +46,14 @@ def protocol_of(uri: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-def pairs(items: Optional[list], flag: str) -> dict:
-    """``["k=v", ...]`` -> dict; ``UsageError`` naming the flag for an item without ``=``."""
+def pairs(items: Optional[list], flag: str, error: type = UsageError) -> dict:
+    """``["k=v", ...]`` -> dict; ``error`` (a ``UsageError`` unless given) naming the flag for an item
+    without ``=``."""
     out = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
+            raise error(f"{flag} {item!r}: expected KEY=VALUE")
         out[key] = value
     return out
 
