@@ -10,7 +10,12 @@ same ``N`` messages (100 B bodies by default):
 - the bridge: the source's format straight into the sink.
 
 Each rate is messages / wall seconds from ``start()`` to termination. The ratio is the bridge's rate
-over the lower of the two others; the target is ``TARGET``. The round with the median ratio is
+over the lower of the two others; the target is ``TARGET``. Each run's CPU seconds by process kind
+(broker, jvm, reader, pyworkers, driver) are kept too: per message, they say whether the bridge costs
+more than its two ends together, and ``cpu_bound_ratio`` is the ratio this machine's cores would allow
+if the bridge cost exactly the sum of its ends (cores / (source + sink CPU per message), over the slower
+end's rate): where that is below the target, both ends already use the cores, and only cheaper ends
+can meet it. The round with the median ratio is
 reported, every round kept in bench/results/bridges.json.
 
     python -m bench bridges                       # 3 rounds x 3 pairs x 100,000 messages
@@ -29,7 +34,7 @@ import time
 import uuid
 
 from bench.bench_sources import _arg, amqp_preload, mlm_preload, stomp_preload
-from bench.common import harness, settle, integration_module, write_results
+from bench.common import ProcessCpu, harness, settle, integration_module, write_results
 
 TARGET = 0.7
 N = 100_000
@@ -88,21 +93,24 @@ def run_pair(spark, name: str, preload, source_fmt: str, source_options, amqp_ur
         dest = f"{name}-src-{uuid.uuid4().hex[:6]}"
         preload(dest, n, BODY)
         settle()
-        got_src, src_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream.format("noop")
-                                .option("checkpointLocation", _ckpt(scratch)))
+        with ProcessCpu() as src_cpu:
+            got_src, src_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream
+                                    .format("noop").option("checkpointLocation", _ckpt(scratch)))
 
         settle()
-        got_sink, sink_s = _timed(spark.readStream.schema(schema).parquet(parquet).writeStream.format("amqp08")
-                                  .options(**sink_options).option("checkpointLocation", _ckpt(scratch)))
+        with ProcessCpu() as sink_cpu:
+            got_sink, sink_s = _timed(spark.readStream.schema(schema).parquet(parquet).writeStream.format("amqp08")
+                                      .options(**sink_options).option("checkpointLocation", _ckpt(scratch)))
         delivered_sink = _depth(amqp_url, out_queue)
         _purge(amqp_url, out_queue)
 
         dest = f"{name}-bridge-{uuid.uuid4().hex[:6]}"
         preload(dest, n, BODY)
         settle()
-        got_bridge, bridge_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream
-                                      .format("amqp08").options(**sink_options)
-                                      .option("checkpointLocation", _ckpt(scratch)))
+        with ProcessCpu() as bridge_cpu:
+            got_bridge, bridge_s = _timed(_read(spark, source_fmt, source_options(dest), scratch).writeStream
+                                          .format("amqp08").options(**sink_options)
+                                          .option("checkpointLocation", _ckpt(scratch)))
         delivered_bridge = _depth(amqp_url, out_queue)
         _purge(amqp_url, out_queue)
     finally:
@@ -112,7 +120,21 @@ def run_pair(spark, name: str, preload, source_fmt: str, source_options, amqp_ur
                            f"{got_bridge} (delivered {delivered_bridge}) of {n}: not the same work")
     src_rate, sink_rate, bridge_rate = n / src_s, n / sink_s, n / bridge_s
     return {"n": n, "source_msgs_per_s": src_rate, "sink_msgs_per_s": sink_rate, "bridge_msgs_per_s": bridge_rate,
-            "ratio": bridge_rate / min(src_rate, sink_rate)}
+            "ratio": bridge_rate / min(src_rate, sink_rate),
+            **cpu_figures(n, src_cpu.seconds, sink_cpu.seconds, bridge_cpu.seconds, min(src_rate, sink_rate),
+                          os.cpu_count() or 1)}
+
+
+def cpu_figures(n: int, src: dict, sink: dict, bridge: dict, slower_rate: float, cores: int) -> dict:
+    """CPU microseconds per message of each run, by process kind and in total, and the ratio the cores
+    would allow a bridge that cost its two ends together (see the module docstring)."""
+    def per_msg(cpu: dict) -> dict:
+        return {kind: round(seconds * 1e6 / n, 1) for kind, seconds in cpu.items()}
+    src_us, sink_us, bridge_us = (sum(c.values()) * 1e6 / n for c in (src, sink, bridge))
+    return {"source_cpu_us_per_msg": per_msg(src), "sink_cpu_us_per_msg": per_msg(sink),
+            "bridge_cpu_us_per_msg": per_msg(bridge),
+            "cpu_us_per_msg": {"source": round(src_us, 1), "sink": round(sink_us, 1), "bridge": round(bridge_us, 1)},
+            "cpu_bound_ratio": round(cores / ((src_us + sink_us) / 1e6) / slower_rate, 3) if src_us + sink_us else None}
 
 
 def main(argv: list[str]) -> dict:
@@ -158,7 +180,9 @@ def main(argv: list[str]) -> dict:
                 runs.append(row)
                 print(f"{pair} round {rnd + 1}: source {row['source_msgs_per_s']:,.0f}/s, sink "
                       f"{row['sink_msgs_per_s']:,.0f}/s, bridge {row['bridge_msgs_per_s']:,.0f}/s, ratio to the "
-                      f"slower end {row['ratio']:.2f} (target {TARGET})", flush=True)
+                      f"slower end {row['ratio']:.2f} (target {TARGET}); CPU us/msg {row['cpu_us_per_msg']} "
+                      f"(bridge by process {row['bridge_cpu_us_per_msg']}), the cores allow at most "
+                      f"{row['cpu_bound_ratio']}", flush=True)
             median = statistics.median_low([r["ratio"] for r in runs])
             chosen = next(r for r in runs if r["ratio"] == median)
             figures["pairs"][pair] = {**chosen, "rounds": runs}
