@@ -89,6 +89,15 @@ class Dedup:
             ids.move_to_end(key)
         ids[key] = offset
 
+    def add_many(self, items) -> None:
+        """``add`` for each ``(key, offset)`` of ``items`` (a group's: one call, not one per message)."""
+        ids = self._ids
+        move_to_end = ids.move_to_end
+        for key, offset in items:
+            if key in ids:
+                move_to_end(key)
+            ids[key] = offset
+
     def trim_later(self, committed: int) -> None:
         """Any thread: identities below ``committed`` may go, beyond the window (see ``trim``)."""
         if committed > self._trim_to:
@@ -199,6 +208,4 @@ class Redeliveries:
     def record(self, group: dict) -> None:
         """A group's identities, once it is in the log: the redeliveries of a group that never
         reached the log must not be taken for duplicates."""
-        add = self.ids.add
-        for key, off in group.items():
-            add(key, off)
+        self.ids.add_many(group.items())
