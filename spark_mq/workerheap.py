@@ -1,4 +1,7 @@
-"""Executor-side Python workers: keep PySpark's collection after every task cheap.
+"""Spark's Python processes: keep the cyclic garbage collector cheap in them.
+
+Two kinds: executor-side Python workers (``freeze_worker_heap``) and the driver-side reader process
+of a streaming source (``quiet_reader_heap``).
 
 A reused PySpark worker runs a full ``gc.collect()`` after every task (``pyspark/daemon.py``,
 ``manager``). A full collection walks every container object the worker tracks: with pyspark,
@@ -23,7 +26,10 @@ import gc
 import os
 from typing import Optional
 
-__all__ = ["freeze_worker_heap"]
+__all__ = ["freeze_worker_heap", "quiet_reader_heap", "READER_GC_THRESHOLDS"]
+
+#: the collector's thresholds in the reader process, at least (see ``quiet_reader_heap``)
+READER_GC_THRESHOLDS = (50_000, 20, 100)
 
 _frozen_in: Optional[int] = None  # the pid whose heap was frozen
 
@@ -40,3 +46,19 @@ def freeze_worker_heap() -> bool:
     gc.collect()
     gc.freeze()
     return True
+
+
+def quiet_reader_heap() -> None:
+    """The driver-side reader process, as its ingest starts (Spark runs one such process per query, for
+    the stream reader alone): its heap is frozen as a reused worker's is (pyspark, pyarrow and numpy are
+    imported there too), and the collector's thresholds are raised to at least ``READER_GC_THRESHOLDS``.
+
+    The ingest makes a few container objects per message (frame, headers, row) that live a group's time,
+    and reference counting frees them all; at Python's default thresholds (700, 10, 10) the collector
+    still ran every few hundred messages, traversed the groups in flight, and now and then the whole
+    heap. Measured on a parse-to-batch pipeline of STOMP groups: 0.5 to 0.9 us of CPU per message, as
+    much as with the collector off. Raised, not disabled: a reference cycle (an exception's traceback)
+    is still collected, later."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*(max(c, t) for c, t in zip(gc.get_threshold(), READER_GC_THRESHOLDS)))

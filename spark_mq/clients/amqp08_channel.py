@@ -17,6 +17,7 @@ from spark_mq.protocol.amqp08 import spec
 from spark_mq.protocol.amqp08.codec import Method
 from spark_mq.protocol.amqp08.errors import AMQPChannelError
 from spark_mq.protocol.amqp08.events import ContentReceived
+from spark_mq.protocol.amqp08.frames import method_frame
 from spark_mq.protocol.amqp08.spec import BasicProperties
 
 DEFAULT_TIMEOUT = 30.0
@@ -309,10 +310,15 @@ class Channel:
         ticket = self.ticket
         count = 0
         pending = 0
+        key = method = encoded = None  # the last exchange and routing key, their method and its frame
         with conn._cv:
             self._wait_flow(timeout)
             for exchange, routing_key, body, properties in messages:
-                send_content(number, publish(ticket, exchange, routing_key), properties, body)
+                if key is None or key[0] != exchange or key[1] != routing_key:
+                    key = (exchange, routing_key)
+                    method = publish(ticket, exchange, routing_key)
+                    encoded = method_frame(number, method.encode())
+                send_content(number, method, properties, body, encoded)
                 count += 1
                 pending += len(body) + 64
                 if pending >= batch_bytes:

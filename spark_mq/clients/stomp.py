@@ -452,12 +452,7 @@ class StompClient:
     def receive_many(self, max_count: int, timeout: Optional[float] = None) -> List[Frame]:
         """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then takes
         whatever else is already here."""
-        first = self._inbox.take(timeout, self._raise_pending)
-        if first is None:
-            return []
-        out = [first]
-        self._inbox.take_more(out, max_count)
-        return out
+        return self._inbox.take_many(max_count, timeout, self._raise_pending)
 
     @property
     def received_at(self) -> Optional[float]:

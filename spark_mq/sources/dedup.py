@@ -18,7 +18,7 @@ from spark_mq.options import Options
 from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.sources.log import SourceLog
 
-__all__ = ["NO_REDELIVERIES", "content_identity", "Dedup", "Redeliveries"]
+__all__ = ["NO_REDELIVERIES", "content_identity", "identity", "Dedup", "Redeliveries"]
 
 #: headers that differ between deliveries of one message, left out of the content identity: STOMP's
 #: per-delivery headers, and the delivery count RabbitMQ's quorum queues add to every redelivery
@@ -39,8 +39,29 @@ def content_identity(body: bytes, headers) -> int:
     ``dedupWindow`` identities, so a chance collision is of the order of 1e5 / 2**64. A
     cryptographic hash costs about 5x more and releases the GIL for every body, which next to the
     client's receiver thread makes it the ingest's largest cost."""
-    stable = tuple(sorted(kv for kv in headers if kv[0] not in _VOLATILE_HEADERS)) if headers else ()
+    stable = tuple(sorted([kv for kv in headers if kv[0] not in _VOLATILE_HEADERS])) if headers else ()
     return hash((len(body), body, stable))
+
+
+def identity(body: bytes, message_id, headers, stable_ids: bool) -> tuple:
+    """``(key, stable)``: the message's identity and whether it is a stable id (``Redeliveries.stable_id``)
+    rather than its ``content_identity``, the same values those give, in one pass over the headers (the
+    ingest's cost per message: two passes and a generator cost it twice as much, measured)."""
+    kept = []
+    if headers:
+        id_header = S.ID_HEADER
+        volatile = _VOLATILE_HEADERS
+        for kv in headers:
+            name = kv[0]
+            if name in volatile:
+                continue
+            if name == id_header and kv[1]:
+                return (id_header, kv[1]), True
+            kept.append(kv)
+    if message_id is not None and stable_ids:
+        return message_id, True
+    kept.sort()
+    return hash((len(body), body, tuple(kept))), False
 
 
 class Dedup:
@@ -67,6 +88,15 @@ class Dedup:
         if key in ids:
             ids.move_to_end(key)
         ids[key] = offset
+
+    def add_many(self, items) -> None:
+        """``add`` for each ``(key, offset)`` of ``items`` (a group's: one call, not one per message)."""
+        ids = self._ids
+        move_to_end = ids.move_to_end
+        for key, offset in items:
+            if key in ids:
+                move_to_end(key)
+            ids[key] = offset
 
     def trim_later(self, committed: int) -> None:
         """Any thread: identities below ``committed`` may go, beyond the window (see ``trim``)."""
@@ -132,8 +162,7 @@ class Redeliveries:
         return message_id if (message_id is not None and self.stable_ids) else None
 
     def identity_of(self, body, message_id, headers):
-        stable = self.stable_id(message_id, headers)
-        return stable if stable is not None else content_identity(body, headers)
+        return identity(body, message_id, headers, self.stable_ids)[0]
 
     def sort(self, consumer, msgs: list, offset: int, now_us: int):
         """Rows for ``msgs`` from ``offset`` on, without the redeliveries of what the log holds.
@@ -151,16 +180,17 @@ class Redeliveries:
         # deliveries of a session after a lost one or of a restarted query): otherwise a message
         # the broker delivers for the first time is never dropped
         check_all = self.opts.dedupById or self.resend_window > 0
+        row_of = consumer.row
+        stable_ids = self.stable_ids
         for msg in msgs:
-            row = consumer.row(msg, offset, now_us)
+            row = row_of(msg, offset, now_us)
             redelivered = row[REDELIVERED]
             if redelivered:
                 redeliveries += 1
-            stable = self.stable_id(row[MESSAGE_ID], row[HEADERS])
-            key = stable if stable is not None else content_identity(row[BODY], row[HEADERS])
+            key, stable = identity(row[BODY], row[MESSAGE_ID], row[HEADERS], stable_ids)
             # redeliveries are matched by stable id or content hash; first deliveries only by
             # stable id, and only where check_all says so (two sends of one body are two messages)
-            if (redelivered or (check_all and stable is not None)) and (key in dedup or key in group):
+            if (redelivered or (check_all and stable)) and (key in dedup or key in group):
                 duplicates += 1
                 kept.append((None, msg))
                 continue
@@ -178,6 +208,4 @@ class Redeliveries:
     def record(self, group: dict) -> None:
         """A group's identities, once it is in the log: the redeliveries of a group that never
         reached the log must not be taken for duplicates."""
-        add = self.ids.add
-        for key, off in group.items():
-            add(key, off)
+        self.ids.add_many(group.items())

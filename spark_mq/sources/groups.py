@@ -11,6 +11,8 @@ Used by the ingest thread only.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from spark_mq import schema as S
 from spark_mq.options import Options
 
@@ -33,6 +35,8 @@ class GroupSizer:
         # CPU per message in 80 MB groups as in 1 MiB ones).
         self.count = self.limit
         self._row_bytes = S.row_bytes_function(fmt)
+        # where a row's bytes are its body's: a group's total in C (``chunks``' usual case, one run)
+        self._body = itemgetter(S.BODY) if "frames" not in S.COLUMN_INDEX[fmt] else None
 
     def cap(self, most: int) -> None:
         """A consumer takes at most ``most`` messages per group (``Consumer.max_group``)."""
@@ -48,8 +52,11 @@ class GroupSizer:
         """``rows`` in runs of at most ``MAX_APPEND_BYTES`` of bodies (and frames), at least one row
         each: a group is sized by the last group's mean body, so a jump in body size could make it
         larger than an Arrow binary column holds (2 GiB) or than a batch a task should read whole."""
-        row_bytes = self._row_bytes
         bound = MAX_APPEND_BYTES
+        if self._body is not None and sum(map(len, map(self._body, rows))) <= bound:
+            yield rows
+            return
+        row_bytes = self._row_bytes
         start, size = 0, 0
         for i, row in enumerate(rows):
             n = row_bytes(row)

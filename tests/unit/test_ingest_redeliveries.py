@@ -45,6 +45,30 @@ def test_content_identity_drops_redelivered_copies_and_keeps_new_equal_messages(
         ing.log.close()
 
 
+@pytest.mark.parametrize("stable_ids", [False, True])
+@pytest.mark.parametrize("message_id", [None, "m-1"])
+@pytest.mark.parametrize("headers", [
+    None, [],
+    [("subscription", "0"), ("destination", "/queue/a"), ("message-id", "T_1"), ("redelivered", "true")],
+    [("x", "2"), ("destination", "/queue/a"), ("a", None), ("x-delivery-count", "3")],
+    [("destination", "/queue/a"), ("spark-mq-message-id", ""), ("spark-mq-message-id", "id-7")],
+    [("spark-mq-message-id", "id-7"), ("destination", "/queue/b")],
+])
+def test_identity_in_one_pass_is_the_stable_id_or_the_content_identity(headers, message_id, stable_ids):
+    """``dedup.identity`` (the ingest's one pass per message) gives what ``Redeliveries.stable_id`` and
+    ``content_identity`` give: the identities rebuilt from the log at a restart use the latter."""
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.dedup import Redeliveries, content_identity, identity
+
+    red = Redeliveries("stomp", parse_options({"uri": "stomp://h", "destination": "/queue/a", "logLocation": "/l"},
+                                              format="stomp", direction=SOURCE))
+    red.stable_ids = stable_ids
+    stable = red.stable_id(message_id, headers)
+    expected = (stable, True) if stable is not None else (content_identity(b"body", headers), False)
+    assert identity(b"body", message_id, headers, stable_ids) == expected
+    assert red.identity_of(b"body", message_id, headers) == expected[0]
+
+
 class _DyingChannel:
     """Hands out ``ready`` deliveries one by one, then the connection is gone."""
 

@@ -592,8 +592,11 @@ class Connection:
             ch.pending.append(method.RESPONSES)
         self._out.append(method_frame(channel, method.encode()))
 
-    def send_content(self, channel: int, method: Method, properties: Optional[Properties], body) -> None:
-        """Queue a content method (basic.publish...) with its header and body frames."""
+    def send_content(self, channel: int, method: Method, properties: Optional[Properties], body,
+                     encoded: Optional[bytes] = None) -> None:
+        """Queue a content method (basic.publish...) with its header and body frames. ``encoded``:
+        ``method_frame(channel, method.encode())`` already made by the caller, who sends the same
+        method for many messages (``publish_many``: one per exchange and routing key, not per message)."""
         ch = self._channel(channel)
         if ch.state is not ChanState.OPEN:
             raise LocalProtocolError(f"channel {channel} is {ch.state.value}, cannot send {method.NAME}")
@@ -606,7 +609,7 @@ class Connection:
         if method.RESPONSES:
             ch.pending.append(method.RESPONSES)
         out = self._out
-        out.append(method_frame(channel, method.encode()))
+        out.append(encoded if encoded is not None else method_frame(channel, method.encode()))
         out += content_frames(channel, method.CLASS_ID, properties.encode(), body, self.frame_max)
 
     def close(self, reply_code: int = 200, reply_text: str = "normal shutdown") -> None:

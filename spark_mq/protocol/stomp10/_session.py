@@ -385,19 +385,21 @@ class StompSession:
         state = self.state
         subs = self.subscriptions
         transitions = SERVER_TRANSITIONS
+        messages_ok = (state, _MESSAGE) in transitions  # a MESSAGE keeps the state: checked once
         for index, frame in enumerate(frames):
             command = frame.command
-            nxt = transitions.get((state, command))
-            if nxt is None:
-                self._salvaged = frames[:index]
-                raise StompRemoteProtocolError(f"unexpected {command.value} in state {state.value}", command=command.value)
-            if command is _MESSAGE:
+            if command is _MESSAGE and messages_ok:  # the usual frame, first
                 headers = frame.headers
                 sub_id = headers.get(_SUBSCRIPTION)
                 sub = subs.get(sub_id) if sub_id is not None else self._by_destination(headers[_DESTINATION])
                 if sub is not None and sub.ack is _CLIENT_ACK:
                     sub.pending.append(headers[_MESSAGE_ID])
-            elif command is Command.RECEIPT:
+                continue
+            nxt = transitions.get((state, command))
+            if nxt is None:
+                self._salvaged = frames[:index]
+                raise StompRemoteProtocolError(f"unexpected {command.value} in state {state.value}", command=command.value)
+            if command is Command.RECEIPT:
                 rid = frame.headers[Header.RECEIPT_ID]
                 if rid not in self.receipts:
                     self._salvaged = frames[:index]
@@ -415,6 +417,7 @@ class StompSession:
                     self.broker = detect_broker(frame.headers)
                 self._parser.unescape_headers = self.broker.escapes_received_headers
             state = self.state = nxt
+            messages_ok = (state, _MESSAGE) in transitions
 
     def _by_destination(self, destination: str) -> Optional[Subscription]:
         for sub in self.subscriptions.values():

@@ -120,19 +120,19 @@ class StompConsumer(Consumer):
         return out
 
     def row(self, frame, offset: int, now_us: int) -> tuple:
-        h = frame.headers
+        # once per message: headers absent from most messages are not converted (no call for a None)
         if frame.oversize:
             raise self._too_large(frame)
-        redelivered = h.get("redelivered") == "true"
-        headers = None
-        if self.include_headers:
-            headers = [(k, v) for k, v in h.items() if k != "content-length"]
-        ts = _int(h.get("timestamp"))
-        ts = ts * 1000 if ts is not None else now_us
-        mid = h.get("message-id")
-        return (frame.body, h.get("destination", self.destination), mid, ts, headers, redelivered, offset,
-                h.get("subscription"), h.get("content-type"), h.get("correlation-id"), h.get("reply-to"),
-                _int(h.get("priority")), _int(h.get("expires")))
+        get = frame.headers.get
+        headers = [kv for kv in frame.headers.items() if kv[0] != "content-length"] if self.include_headers else None
+        ts = get("timestamp")
+        if ts is not None:
+            ts = _int(ts)
+        priority, expires = get("priority"), get("expires")
+        return (frame.body, get("destination", self.destination), get("message-id"),
+                ts * 1000 if ts is not None else now_us, headers, get("redelivered") == "true", offset,
+                get("subscription"), get("content-type"), get("correlation-id"), get("reply-to"),
+                _int(priority) if priority is not None else None, _int(expires) if expires is not None else None)
 
     def _too_large(self, frame) -> PoisonDelivery:
         h = frame.headers

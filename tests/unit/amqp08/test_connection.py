@@ -215,6 +215,24 @@ def test_duplicate_open_ok_is_rejected():
         conn.receive_data(server_frame(1, spec.ChannelOpenOk()))
 
 
+def test_publish_with_its_method_frame_encoded_once_writes_the_same_bytes():
+    """``send_content(..., encoded=)``: what ``publish_many`` does for a run of messages to one exchange and
+    routing key (the method frame made once) is what a frame made per message would be."""
+    from spark_mq.protocol.amqp08.frames import method_frame
+
+    conn, _ = open_connection()
+    n = open_channel(conn)
+    method = spec.BasicPublish(exchange="ex", routing_key="rk")
+    props = [spec.BasicProperties(message_id=f"m{i}", headers={"k": i}) for i in range(3)]
+    for i, p in enumerate(props):
+        conn.send_content(n, method, p, b"body %d" % i)
+    each = conn.data_to_send()
+    encoded = method_frame(n, method.encode())
+    for i, p in enumerate(props):
+        conn.send_content(n, method, p, b"body %d" % i, encoded)
+    assert conn.data_to_send() == each
+
+
 def test_content_violations():
     conn, _ = open_connection()
     n = open_channel(conn)
