@@ -67,9 +67,10 @@ def check_trigger_limits(fmt: str, opts: Options) -> None:
     bounds = [(opts.get("maxMessagesPerTrigger"), "'maxMessagesPerTrigger'", "maxMessagesPerTrigger",
                "a batch never holds more")]
     if opts.get("ackMode") == "commit" and fmt != "malamute":
-        prefetch = prefetch_of(opts)
-        bounds.append((max(1, prefetch // 2), f"half of 'prefetch' ({prefetch})", "prefetch",
-                       "in ackMode=commit a batch is cut there, so that the acks of the last one can come"))
+        prefetch, lanes = prefetch_of(opts), opts.get("consumers") or 1
+        bounds.append((max(1, prefetch // 2) * lanes,
+                       f"half of 'prefetch' ({prefetch})" + (f" times 'consumers' ({lanes})" if lanes > 1 else ""),
+                       "prefetch", "in ackMode=commit a batch is cut there, so that the acks of the last one can come"))
     bounds.append((opts.maxUncommittedMessages, "'maxUncommittedMessages'", "maxUncommittedMessages",
                    "the ingest pauses there until Spark commits"))
     for bound, what, option, why in bounds:

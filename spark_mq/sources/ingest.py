@@ -14,6 +14,10 @@ Its parts, each in a module of its own: when to connect again and when to give u
 (``spark_mq.sources.writebehind``), poison deliveries (``spark_mq.sources.poison``), and the
 availableNow target (``spark_mq.sources.availablenow``).
 
+With several consumers (option ``consumers``) each is one lane of the query (``spark_mq.sources.lanes``):
+its own connection, thread, log and acks; only the identities that recognise redeliveries
+(``Dedup``) and the condition that wakes Spark's thread are shared with the other lanes.
+
 Not responsible for protocol details (the per-format ``Consumer`` subclasses; the contract is
 ``spark_mq.sources.consumer.Consumer``) or for Spark's API (``spark_mq.sources.base``).
 
@@ -22,7 +26,7 @@ durable mode on ActiveMQ, acknowledge them); Spark's thread plans (``figures``, 
 availableNow) and commits (``processed``, ``commit``). ``_consumer_lock`` guards the consumer, its
 generation and the commit-mode acks; ``_cond`` wakes Spark's thread.
 
-Above 500 lines (about 510): the loop and the three ack modes stay together, as they share the
+Above 500 lines (about 530): the loop and the three ack modes stay together, as they share the
 consumer, its generation and the commit-mode acks under one lock.
 """
 
