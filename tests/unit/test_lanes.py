@@ -326,3 +326,37 @@ def test_dedup_trims_each_lane_by_its_own_commits():
     dedup.trim()
     assert [("a", k) in dedup for k in range(5)] == [False, False, False, True, True]
     assert all(("b", k) in dedup for k in range(5))
+
+
+def test_available_now_ends_when_every_lane_reached_its_target():
+    """Each lane stops at its own target; the run is over only when every lane has fixed one."""
+    class _Draining(_Lane):
+        def __init__(self, head, target):
+            super().__init__(0, head)
+            self.available_now = True
+            self.target = target
+            self.available_now_began = 0.0
+            self.last_message = 1e18  # still receiving: no silence rule
+
+        def over_bound(self):
+            return False
+
+        def starved(self):
+            return False
+
+        def waiting_for_commit(self):
+            return False
+
+        def wait_for(self, predicate, timeout):
+            return predicate()
+
+    lane0, lane1 = _Draining(500, 300), _Draining(400, None)
+    lanes = Lanes([lane0, lane1])
+    lanes.wait_for = lambda predicate, timeout: predicate()
+    reader = _reader(lanes)
+    reader._last_batch_time = 1e18  # no overlap rule either
+    assert not reader._available_now_ready(lanes, (300, 400), None)  # lane 1 still drains, nothing new
+    lane1.target = 450
+    assert reader._available_now_ready(lanes, (300, 400), None)
+    lane1.log.head = lane1.log.durable_head = 600
+    assert reader.latestOffset({"lanes": [0, 0]}, None) == {"lanes": [300, 450]}  # each at its target
