@@ -16,7 +16,7 @@ availableNow target (``spark_mq.sources.availablenow``).
 
 With several consumers (option ``consumers``) each is one lane of the query (``spark_mq.sources.lanes``):
 its own connection, thread, log and acks; only the identities that recognise redeliveries
-(``Dedup``) and the condition that wakes Spark's thread are shared with the other lanes.
+(``Dedup``), the poison deliveries' counts and the condition that wakes Spark's thread are shared.
 
 Not responsible for protocol details (the per-format ``Consumer`` subclasses; the contract is
 ``spark_mq.sources.consumer.Consumer``) or for Spark's API (``spark_mq.sources.base``).
@@ -45,7 +45,7 @@ from spark_mq.sources.log import LogInUseError, SourceLog
 from spark_mq.sources.availablenow import AvailableNowTarget
 from spark_mq.sources.dedup import NO_REDELIVERIES, Dedup, Redeliveries, content_identity
 from spark_mq.sources.groups import GroupSizer
-from spark_mq.sources.poison import DeliveryFailedError, PoisonPolicy, build_batches
+from spark_mq.sources.poison import DeliveryFailedError, PoisonCounts, PoisonPolicy, build_batches
 from spark_mq.sources.progress import ProgressFigures
 from spark_mq.sources.reconnect import BrokerUnavailableError, ReconnectPolicy
 from spark_mq.sources.writebehind import LogWriteError, WriteBehind
@@ -77,10 +77,11 @@ class Ingest:
     """One source's ingest thread and the state it shares with the stream reader."""
 
     def __init__(self, fmt: str, opts: Options, connect: Callable[[int], object], *, lane: int = 0,
-                 dedup: Optional[Dedup] = None, cond: Optional[threading.Condition] = None) -> None:
-        """``lane``, ``dedup``, ``cond``: one lane of a query with several consumers
-        (``spark_mq.sources.lanes``): its index, the query's shared identities, and the condition
-        every lane notifies (the reader waits on all lanes at once)."""
+                 dedup: Optional[Dedup] = None, cond: Optional[threading.Condition] = None,
+                 poison_counts: Optional[PoisonCounts] = None) -> None:
+        """``lane``, ``dedup``, ``cond``, ``poison_counts``: one lane of a query with several consumers
+        (``spark_mq.sources.lanes``): its index, the query's shared identities, the condition every
+        lane notifies (the reader waits on all lanes at once), and the poison deliveries' counts."""
         self.fmt = fmt
         self.opts = opts
         self.lane = lane
@@ -100,7 +101,7 @@ class Ingest:
         self._pending_acks: deque = deque()   # commit mode: (offset threshold, generation, token)
         self._wb = WriteBehind(self, self.log, opts.fsyncBytes)
         self._redeliveries = Redeliveries(fmt, opts, dedup, lane)
-        self._poison = PoisonPolicy(fmt, opts, self._redeliveries.identity_of)
+        self._poison = PoisonPolicy(fmt, opts, self._redeliveries.identity_of, poison_counts)
         self._an = AvailableNowTarget(self)
         self._figures = ProgressFigures(self)
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes

@@ -10,7 +10,8 @@ arithmetic over positions (a position is a tuple, one offset per lane; a batch `
 the union of the lanes' ranges), the fair split of a read limit over the lanes (``split_fairly``),
 and the facade (``Lanes``) through which the stream reader asks every lane at once: heads, waits,
 availableNow, commits, figures. The identities that recognise redeliveries are one ``Dedup`` for
-all lanes (a message one lane did not acknowledge comes back on any lane).
+all lanes (a message one lane did not acknowledge comes back on any lane), and so are the counts of
+a poison delivery's failed sessions (``PoisonCounts``).
 
 Not responsible for planning batches (``spark_mq.sources.base``), for what a lane does (``Ingest``)
 nor for the log format (``spark_mq.sources.log``).
@@ -36,6 +37,7 @@ from spark_mq.sources.dedup import Dedup
 from spark_mq.sources.ingest import Ingest
 from spark_mq.sources.log import open_filesystem
 from spark_mq.sources.log.segments import SEGMENT_NAME
+from spark_mq.sources.poison import PoisonCounts
 
 log = logging.getLogger("spark_mq.sources")
 
@@ -144,12 +146,13 @@ class Lanes:
         check_layout(opts.logLocation, n)
         dedup = Dedup(opts.dedupWindow, n) if n > 1 else None
         cond = threading.Condition() if n > 1 else None
+        poison = PoisonCounts() if n > 1 else None
         ingests: list = []
         try:
             for i in range(n):
                 lane_opts = lane_options(opts, i, n)
                 ingests.append(Ingest(fmt, lane_opts, (lambda o: lambda attempt: connector(o, attempt))(lane_opts),
-                                      lane=i, dedup=dedup, cond=cond))
+                                      lane=i, dedup=dedup, cond=cond, poison_counts=poison))
         except BaseException:
             for ing in ingests:
                 ing.stop()
