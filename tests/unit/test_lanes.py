@@ -360,3 +360,18 @@ def test_available_now_ends_when_every_lane_reached_its_target():
     assert reader._available_now_ready(lanes, (300, 400), None)
     lane1.log.head = lane1.log.durable_head = 600
     assert reader.latestOffset({"lanes": [0, 0]}, None) == {"lanes": [300, 450]}  # each at its target
+
+
+def test_lanes_count_a_poison_deliverys_failed_sessions_together(tmp_path):
+    """The broker redelivers a poison message to any lane: its failed sessions count for the query."""
+    dedup, cond = Dedup(1000, 2), threading.Condition()
+    from spark_mq.sources.poison import PoisonCounts
+    counts = PoisonCounts()
+    lanes = [Ingest("amqp08", lane_options(_opts(logLocation=str(tmp_path / "log"), consumers=2), i, 2),
+                    connect=None, lane=i, dedup=dedup, cond=cond, poison_counts=counts) for i in range(2)]
+    try:
+        assert [counts.one_more("k"), counts.one_more("k")] == [1, 2]
+        assert lanes[0]._poison._counts is lanes[1]._poison._counts is counts
+    finally:
+        for ing in lanes:
+            ing.stop()
