@@ -446,6 +446,9 @@ class MQBatchReader(DataSourceReader):
     source log kept until ``commit_batch_read`` (see ``spark_mq.sources.batchread``)."""
 
     def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+        if (opts.get("consumers") or 1) > 1:  # here: load() cannot tell a batch read from a stream
+            raise OptionError(f"option 'consumers' is {opts.consumers}: the {fmt} batch read (spark.read) takes "
+                              f"one consumer only; several consumers (lanes) are for stream reads (spark.readStream)")
         self.fmt = fmt
         self.opts = opts
         self.target_schema = S.to_arrow_schema(schema)
@@ -469,9 +472,6 @@ def source_options(fmt: str, options, validate: Callable[[Options], None], strea
     check_trigger_limits(fmt, opts)
     endpoints(opts)  # a URI of another format's scheme, an unparsable port: here, not in reconnects
     location = opts.get("logLocation")
-    if not streaming and (opts.get("consumers") or 1) > 1:
-        raise OptionError(f"option 'consumers' is {opts.consumers}: the {fmt} batch read (spark.read) takes one "
-                          f"consumer only; several consumers (lanes) are for stream reads (spark.readStream)")
     if streaming and not location:
         raise OptionError(f"the {fmt} stream source needs option 'logLocation' (a directory or "
                           f"filesystem URI for its source log, one per query, reachable from executors)")

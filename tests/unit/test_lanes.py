@@ -160,9 +160,11 @@ def test_a_malamute_stream_or_mailbox_refuses_several_consumers(what):
 
 
 def test_batch_reads_refuse_several_consumers():
+    from spark_mq.sources.base import MQBatchReader
     from spark_mq.sources.formats.amqp08 import validate
+    opts = source_options("amqp08", {"uri": "amqp://h", "queue": "q", "consumers": "2"}, validate, streaming=False)
     with pytest.raises(OptionError, match="'consumers' is 2.*batch read"):
-        source_options("amqp08", {"uri": "amqp://h", "queue": "q", "consumers": "2"}, validate, streaming=False)
+        MQBatchReader("amqp08", opts, S.source_schema("amqp08"), None)
 
 
 # -- the reader over several lanes ------------------------------------------------------------------------
