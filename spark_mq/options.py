@@ -430,6 +430,12 @@ SOURCE_OPTIONS = define(
         "enforces it: a second query fails naming the location). Required for streaming reads. A batch read given "
         "one drains into a log there and keeps what it served until spark_mq.commit_batch_read(location): a "
         "job that fails loses nothing, the next batch read on it serves the messages again.")),
+    OptionSpec("consumers", OptionType.INT, default=1, minimum=1, directions=_SRC, doc=(
+        "Stream reads: consumers (connections) competing for the queue, destination or Malamute service, each "
+        "an independent ingest feeding its own lane of the source log (logLocation/lane-<i>; order is kept within "
+        "a lane only). Fixed for a logLocation once written. Read limits and maxUncommittedMessages/Bytes hold for "
+        "all lanes together (docs/sources.md, \"Several consumers\"). Batch reads and Malamute streams and "
+        "mailboxes take 1 only.")),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
                formats={AMQP08, STOMP}, directions=_SRC, doc=(
                    "When the broker is acknowledged: durable (after the messages are fsynced in the log), commit "

@@ -47,6 +47,7 @@ from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.log import SourceLog, open_filesystem
 from spark_mq.sources.dedup import NO_REDELIVERIES, content_identity
+from spark_mq.sources.lanes import check_layout
 from spark_mq.sources.partitions import LogPartition, MemoryPartition, partition_count
 
 log = logging.getLogger("spark_mq.sources.batchread")
@@ -286,6 +287,7 @@ def memory_partitions(fmt: str, opts: Options, connector: Callable) -> list:
 # -- with logLocation: the data in a source log --------------------------------------------------
 
 def _open_log(fmt: str, opts: Options):
+    check_layout(opts.logLocation, 1)  # a stream's log of several lanes is not a batch read's
     return SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                      segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
 

@@ -7,11 +7,19 @@ duplicates to drop (``Redeliveries``). Not responsible for acknowledging the dup
 them (``spark_mq.sources.ingest``), nor for building rows (the format's ``Consumer``).
 
 One thread owns the identities, the ingest thread; Spark's thread only says how far trimming may go.
+With several consumers (``consumers`` > 1, ``spark_mq.sources.lanes``) one ``Dedup`` serves every lane
+of the query, since a message one lane took and did not acknowledge is redelivered to any lane: its
+identities are kept per lane (each lane's offsets, trimmed by that lane's commits), looked up across
+all lanes, and guarded by its ``cond``; a group's new identities are claimed (``pending``) while the
+lane appends it, so that another lane holding a redelivery of one of them waits for the outcome
+instead of logging it a second time.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from typing import Optional
 
 from spark_mq import schema as S
 from spark_mq.options import Options
@@ -65,71 +73,85 @@ def identity(body: bytes, message_id, headers, stable_ids: bool) -> tuple:
 
 
 class Dedup:
-    """Identities of messages in the log, plus the last ``window`` committed ones.
+    """Identities of messages in the log, plus the last ``window`` committed ones, per lane (one lane
+    unless the query has several consumers; each lane keeps ``window`` / lanes of its committed ones).
 
-    One thread owns it: the ingest thread adds, looks up and trims. Spark's thread (``commit``) only
-    says how far trimming may go (``trim_later``, one int assignment): trimming there would iterate
-    the dict while the ingest adds to it (``RuntimeError: OrderedDict mutated during iteration``;
-    ``test_dedup_trims_on_its_own_thread_while_another_commits``)."""
+    One lane's thread owns a lane's identities: it adds, looks up and trims. Spark's thread
+    (``commit``) only says how far trimming may go (``trim_later``, one assignment): trimming there
+    would iterate the dict while the ingest adds to it (``RuntimeError: OrderedDict mutated during
+    iteration``; ``test_dedup_trims_on_its_own_thread_while_another_commits``). With several lanes
+    (``shared``) the lanes' threads look up, add and trim under ``cond``."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, lanes: int = 1) -> None:
         self.window = window
-        self._ids: OrderedDict = OrderedDict()  # identity -> offset, in offset order
-        self._trim_to = 0                       # set by any thread; trimming is the owner's
+        self._lanes = [OrderedDict() for _ in range(lanes)]  # per lane: identity -> offset, in offset order
+        self._ids: OrderedDict = self._lanes[0]
+        self._lane_window = -(-window // lanes)
+        self._trim_to = [0] * lanes             # set by any thread; trimming is the owner's
+        self.shared = lanes > 1
+        self.cond = threading.Condition()       # several lanes: held while sorting and recording
+        self.pending: dict = {}                 # several lanes: identity -> lane appending it now
 
     def __contains__(self, key) -> bool:
-        return key in self._ids
+        if not self.shared:
+            return key in self._ids
+        for ids in self._lanes:
+            if key in ids:
+                return True
+        return False
 
-    def add(self, key, offset: int) -> None:
-        """Record ``key`` at ``offset``. A key seen before (a body that recurs: ``{}``, a fixed status
-        event) moves to the end with its new offset: left at its first position with a later offset
-        it would stop ``trim`` there, and the identities would grow with the whole history."""
-        ids = self._ids
+    def add(self, key, offset: int, lane: int = 0) -> None:
+        """Record ``key`` at ``offset`` of ``lane``. A key seen before (a body that recurs: ``{}``, a
+        fixed status event) moves to the end with its new offset: left at its first position with a
+        later offset it would stop ``trim`` there, and the identities would grow with the whole history."""
+        ids = self._lanes[lane]
         if key in ids:
             ids.move_to_end(key)
         ids[key] = offset
 
-    def add_many(self, items) -> None:
+    def add_many(self, items, lane: int = 0) -> None:
         """``add`` for each ``(key, offset)`` of ``items`` (a group's: one call, not one per message)."""
-        ids = self._ids
+        ids = self._lanes[lane]
         move_to_end = ids.move_to_end
         for key, offset in items:
             if key in ids:
                 move_to_end(key)
             ids[key] = offset
 
-    def trim_later(self, committed: int) -> None:
-        """Any thread: identities below ``committed`` may go, beyond the window (see ``trim``)."""
-        if committed > self._trim_to:
-            self._trim_to = committed
+    def trim_later(self, committed: int, lane: int = 0) -> None:
+        """Any thread: identities of ``lane`` below ``committed`` may go, beyond the window (see ``trim``)."""
+        if committed > self._trim_to[lane]:
+            self._trim_to[lane] = committed
 
     def trim(self) -> None:
-        """The owner's thread only: drop the oldest identities below what ``trim_later`` allowed
-        while more than ``window`` are held."""
-        committed = self._trim_to
-        ids = self._ids
-        excess = len(ids) - self.window
-        while excess > 0:
-            key, offset = next(iter(ids.items()))
-            if offset >= committed:
-                break
-            ids.popitem(last=False)
-            excess -= 1
+        """The owner's thread only (several lanes: under ``cond``): drop each lane's oldest identities
+        below what ``trim_later`` allowed while it holds more than its share of ``window``."""
+        for lane, ids in enumerate(self._lanes):
+            committed = self._trim_to[lane]
+            excess = len(ids) - self._lane_window
+            while excess > 0:
+                key, offset = next(iter(ids.items()))
+                if offset >= committed:
+                    break
+                ids.popitem(last=False)
+                excess -= 1
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return sum(len(ids) for ids in self._lanes)
 
 
 class Redeliveries:
     """The dedup of one ingest: its identities (``ids``), whether the broker's message ids are stable
     (``stable_ids``, known once connected: STOMP on RabbitMQ changes them per session), and how many
     first deliveries of the session are still matched by stable id (``resend_window``, set at each
-    connect: the broker may resend, unmarked, what it lost the acks of)."""
+    connect: the broker may resend, unmarked, what it lost the acks of). With several lanes, ``ids``
+    is the query's one ``Dedup``, shared by every lane's ``Redeliveries``, and ``lane`` says whose."""
 
-    def __init__(self, fmt: str, opts: Options) -> None:
+    def __init__(self, fmt: str, opts: Options, ids: Optional[Dedup] = None, lane: int = 0) -> None:
         self.fmt = fmt
         self.opts = opts
-        self.ids = Dedup(opts.dedupWindow)
+        self.ids = Dedup(opts.dedupWindow) if ids is None else ids
+        self.lane = lane
         self.stable_ids = True
         self.resend_window = 0
 
@@ -140,16 +162,16 @@ class Redeliveries:
         head, tail = log_.head, log_.tail
         if head == tail or self.fmt in NO_REDELIVERIES:
             return
-        add = self.ids.add
+        ids, lane = self.ids, self.lane
         for batch in log_.read(tail, head):
             cols = batch.select(["body", "message_id", "headers", "offset"]).to_pydict()
             for body, mid, headers, offset in zip(cols["body"], cols["message_id"], cols["headers"], cols["offset"]):
                 if mid is not None:
-                    add(mid, offset)
+                    ids.add(mid, offset, lane)
                 for key, value in headers or ():
                     if key == S.ID_HEADER and value:
-                        add((S.ID_HEADER, value), offset)
-                add(content_identity(body, headers), offset)
+                        ids.add((S.ID_HEADER, value), offset, lane)
+                ids.add(content_identity(body, headers), offset, lane)
 
     def stable_id(self, message_id, headers):
         """The id that names this message across sessions and sends, or None: the header in which
@@ -169,7 +191,33 @@ class Redeliveries:
 
         Returns ``(rows, row_msgs, kept, group, redeliveries, duplicates)``: the rows to log and their
         deliveries; ``kept``, every delivery as ``(offset, msg)``, offset None for a dropped duplicate;
-        ``group``, the new identities (for ``record`` once the group is in the log); and the counts."""
+        ``group``, the new identities (for ``record`` once the group is in the log, or ``release`` if it
+        never gets there); and the counts.
+
+        Several lanes: sorted under the shared ``cond``. An identity another lane is appending right
+        now (``pending``) may be the same message, redelivered here after that lane's connection
+        dropped: the sort waits until that lane recorded (or released) it and sorts again, holding no
+        claim of its own while it waits (so two lanes never wait for each other); then the group's new
+        identities are claimed as this lane's until ``record``."""
+        ids = self.ids
+        if not ids.shared:
+            return self._sort(consumer, msgs, offset, now_us, None)
+        lane = self.lane
+        with ids.cond:
+            while True:
+                conflicts: list = []
+                result = self._sort(consumer, msgs, offset, now_us, conflicts)
+                if not conflicts:
+                    break
+                ids.cond.wait(0.05)
+            pending = ids.pending
+            for key in result[3]:
+                pending[key] = lane
+        return result
+
+    def _sort(self, consumer, msgs: list, offset: int, now_us: int, conflicts: Optional[list]):
+        """``sort``'s work; ``conflicts`` (several lanes) collects the looked-up identities another
+        lane is appending now."""
         rows, row_msgs, kept = [], [], []
         group: dict = {}
         redeliveries = duplicates = 0
@@ -190,7 +238,10 @@ class Redeliveries:
             key, stable = identity(row[BODY], row[MESSAGE_ID], row[HEADERS], stable_ids)
             # redeliveries are matched by stable id or content hash; first deliveries only by
             # stable id, and only where check_all says so (two sends of one body are two messages)
-            if (redelivered or (check_all and stable)) and (key in dedup or key in group):
+            looked_up = redelivered or (check_all and stable)
+            if conflicts is not None and looked_up and dedup.pending.get(key, self.lane) != self.lane:
+                conflicts.append(key)
+            if looked_up and (key in dedup or key in group):
                 duplicates += 1
                 kept.append((None, msg))
                 continue
@@ -208,4 +259,32 @@ class Redeliveries:
     def record(self, group: dict) -> None:
         """A group's identities, once it is in the log: the redeliveries of a group that never
         reached the log must not be taken for duplicates."""
-        self.ids.add_many(group.items())
+        ids, lane = self.ids, self.lane
+        if not ids.shared:
+            ids.add_many(group.items(), lane)
+            return
+        with ids.cond:
+            pending = ids.pending
+            for key, off in group.items():
+                ids.add(key, off, lane)
+                if pending.get(key) == lane:
+                    del pending[key]
+            ids.cond.notify_all()
+
+    def release(self, group: dict) -> None:
+        """A sorted group that will not reach the log (a poison delivery in it): several lanes, its
+        claims go (its messages come back redelivered, and are new again)."""
+        ids = self.ids
+        if not ids.shared or not group:
+            return
+        with ids.cond:
+            pending, lane = ids.pending, self.lane
+            for key in group:
+                if pending.get(key) == lane:
+                    del pending[key]
+            ids.cond.notify_all()
+
+    def trim_later(self, committed: int) -> None:
+        """Spark committed this lane up to ``committed``: its identities below may go (beyond the window)."""
+        self.ids.trim_later(committed, self.lane)
+

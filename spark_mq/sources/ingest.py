@@ -14,6 +14,10 @@ Its parts, each in a module of its own: when to connect again and when to give u
 (``spark_mq.sources.writebehind``), poison deliveries (``spark_mq.sources.poison``), and the
 availableNow target (``spark_mq.sources.availablenow``).
 
+With several consumers (option ``consumers``) each is one lane of the query (``spark_mq.sources.lanes``):
+its own connection, thread, log and acks; only the identities that recognise redeliveries
+(``Dedup``), the poison deliveries' counts and the condition that wakes Spark's thread are shared.
+
 Not responsible for protocol details (the per-format ``Consumer`` subclasses; the contract is
 ``spark_mq.sources.consumer.Consumer``) or for Spark's API (``spark_mq.sources.base``).
 
@@ -22,7 +26,7 @@ durable mode on ActiveMQ, acknowledge them); Spark's thread plans (``figures``, 
 availableNow) and commits (``processed``, ``commit``). ``_consumer_lock`` guards the consumer, its
 generation and the commit-mode acks; ``_cond`` wakes Spark's thread.
 
-Above 500 lines (about 510): the loop and the three ack modes stay together, as they share the
+Above 500 lines (about 530): the loop and the three ack modes stay together, as they share the
 consumer, its generation and the commit-mode acks under one lock.
 """
 
@@ -39,9 +43,9 @@ from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.log import LogInUseError, SourceLog
 from spark_mq.sources.availablenow import AvailableNowTarget
-from spark_mq.sources.dedup import NO_REDELIVERIES, Redeliveries, content_identity
+from spark_mq.sources.dedup import NO_REDELIVERIES, Dedup, Redeliveries, content_identity
 from spark_mq.sources.groups import GroupSizer
-from spark_mq.sources.poison import DeliveryFailedError, PoisonPolicy, build_batches
+from spark_mq.sources.poison import DeliveryFailedError, PoisonCounts, PoisonPolicy, build_batches
 from spark_mq.sources.progress import ProgressFigures
 from spark_mq.sources.reconnect import BrokerUnavailableError, ReconnectPolicy
 from spark_mq.sources.writebehind import LogWriteError, WriteBehind
@@ -72,9 +76,15 @@ def prefetch_of(opts: Options) -> int:
 class Ingest:
     """One source's ingest thread and the state it shares with the stream reader."""
 
-    def __init__(self, fmt: str, opts: Options, connect: Callable[[int], object]) -> None:
+    def __init__(self, fmt: str, opts: Options, connect: Callable[[int], object], *, lane: int = 0,
+                 dedup: Optional[Dedup] = None, cond: Optional[threading.Condition] = None,
+                 poison_counts: Optional[PoisonCounts] = None) -> None:
+        """``lane``, ``dedup``, ``cond``, ``poison_counts``: one lane of a query with several consumers
+        (``spark_mq.sources.lanes``): its index, the query's shared identities, the condition every
+        lane notifies (the reader waits on all lanes at once), and the poison deliveries' counts."""
         self.fmt = fmt
         self.opts = opts
+        self.lane = lane
         self._connect = connect
         self.ack_mode = opts.get("ackMode") or "auto"
         self.prefetch = prefetch_of(opts)
@@ -82,7 +92,7 @@ class Ingest:
         self.log = SourceLog(opts.logLocation, S.source_arrow_schema(fmt), fsync=opts.fsync,
                              segment_bytes=opts.segmentBytes, exclusive_wait=_LOG_LOCK_WAIT)
         self.committed = self.log.tail        # everything below is done (Spark committed it)
-        self._cond = threading.Condition()
+        self._cond = cond if cond is not None else threading.Condition()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._consumer = None
@@ -90,8 +100,8 @@ class Ingest:
         self._generation = 0
         self._pending_acks: deque = deque()   # commit mode: (offset threshold, generation, token)
         self._wb = WriteBehind(self, self.log, opts.fsyncBytes)
-        self._redeliveries = Redeliveries(fmt, opts)
-        self._poison = PoisonPolicy(fmt, opts, self._redeliveries.identity_of)
+        self._redeliveries = Redeliveries(fmt, opts, dedup, lane)
+        self._poison = PoisonPolicy(fmt, opts, self._redeliveries.identity_of, poison_counts)
         self._an = AvailableNowTarget(self)
         self._figures = ProgressFigures(self)
         self._resumed = threading.Event()      # clear: take nothing until Spark says where it resumes
@@ -122,7 +132,8 @@ class Ingest:
         if self._thread is None:
             if self._overlap_fsync():
                 self._wb.start_flusher()
-            self._thread = threading.Thread(target=self._run, name=f"spark-mq-ingest-{self.fmt}", daemon=True)
+            name = f"spark-mq-ingest-{self.fmt}" + (f"-lane-{self.lane}" if self.lane else "")
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
             self._thread.start()
 
     def _overlap_fsync(self) -> bool:
@@ -325,7 +336,11 @@ class Ingest:
         else:
             rows, row_msgs, kept_tokens, group, redeliveries, duplicates = \
                 self._redeliveries.sort(consumer, msgs, offset, now_us)
-        batches = build_batches(self.fmt, rows, row_msgs, self._sizer.chunks, self.log.head) if rows else None
+        try:
+            batches = build_batches(self.fmt, rows, row_msgs, self._sizer.chunks, self.log.head) if rows else None
+        except BaseException:
+            self._redeliveries.release(group)  # several lanes: these identities are not on their way in
+            raise
         # only now, with nothing left to fail for one delivery, does the group count
         self.consumed += len(msgs)
         self.redeliveries += redeliveries
@@ -333,9 +348,14 @@ class Ingest:
         if self.fmt not in NO_REDELIVERIES:
             self._redeliveries.taken(len(msgs))
         if batches:
-            new_head = self._append(batches, len(rows))
+            try:
+                new_head = self._append(batches, len(rows))
+            except BaseException:
+                self._redeliveries.release(group)
+                raise
             self._redeliveries.record(group)  # only now: see Redeliveries.record
         else:
+            self._redeliveries.release(group)
             new_head = self.log.head
         self._wb.durable_later(new_head, self._generation, msgs if self.ack_mode == "durable" else None)
         if self._an.pending():
@@ -484,7 +504,7 @@ class Ingest:
         again. Ack (commit mode), delete log segments, trim dedup."""
         self.processed(end)
         self.log.commit(end)
-        self._redeliveries.ids.trim_later(end)  # the ingest thread trims: it adds to the identities meanwhile
+        self._redeliveries.trim_later(end)  # the ingest thread trims: it adds to the identities meanwhile
 
     def _ack_committed(self, end: int) -> None:
         with self._consumer_lock:

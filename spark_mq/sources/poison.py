@@ -14,8 +14,9 @@ Used by the ingest thread only.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Optional
 
 from spark_mq import schema as S
 from spark_mq.errors import PoisonDelivery, SparkMqError
@@ -25,7 +26,7 @@ from spark_mq.sources.writebehind import LogWriteError
 
 log = logging.getLogger("spark_mq.sources.ingest")
 
-__all__ = ["DeliveryFailedError", "PoisonPolicy", "build_batches"]
+__all__ = ["DeliveryFailedError", "PoisonCounts", "PoisonPolicy", "build_batches"]
 
 _POISON_MEMORY = 10_000  # deliveries whose failed sessions are counted (oldest forgotten first)
 
@@ -67,15 +68,34 @@ def build_batches(fmt: str, rows: list, msgs: list, chunks: Callable, head: int)
                         f"source log at offset {head}: {type(first).__name__}: {first}") from first
 
 
-class PoisonPolicy:
-    """Sessions failed per poison delivery (by identity, the last ``_POISON_MEMORY`` of them), and
-    what ``maxDeliveryFailures``/``poisonMessages`` make of one more."""
+class PoisonCounts:
+    """Sessions failed per poison delivery, by identity (the last ``_POISON_MEMORY`` of them). One per
+    query: with several consumers the broker redelivers a poison message to any lane, and its
+    failed sessions count together (``maxDeliveryFailures`` is per message, not per lane)."""
 
-    def __init__(self, fmt: str, opts: Options, identity_of: Callable) -> None:
+    def __init__(self) -> None:
+        self._counts: OrderedDict = OrderedDict()  # identity -> sessions it failed
+        self._lock = threading.Lock()
+
+    def one_more(self, key) -> int:
+        with self._lock:
+            counts = self._counts
+            count = counts.pop(key, 0) + 1
+            counts[key] = count
+            while len(counts) > _POISON_MEMORY:
+                counts.pop(next(iter(counts)))
+            return count
+
+
+class PoisonPolicy:
+    """What ``maxDeliveryFailures``/``poisonMessages`` make of one more failed session of a poison
+    delivery (counted in ``counts``, shared by the lanes of a query)."""
+
+    def __init__(self, fmt: str, opts: Options, identity_of: Callable, counts: Optional[PoisonCounts] = None) -> None:
         self.fmt = fmt
         self.opts = opts
         self._identity_of = identity_of
-        self._counts: OrderedDict = OrderedDict()  # identity -> sessions it failed
+        self._counts = counts if counts is not None else PoisonCounts()
 
     def verdict(self, consumer, poison: PoisonDelivery, ack_mode: str) -> tuple:
         """``poison`` failed its session once more. Below ``maxDeliveryFailures`` the session fails
@@ -88,11 +108,7 @@ class PoisonPolicy:
         key = self._identity_of(body, poison.message_id, poison.headers)
         if poison.body is None:
             key = ("unheld", poison.size, key)
-        counts = self._counts
-        count = counts.pop(key, 0) + 1
-        counts[key] = count
-        while len(counts) > _POISON_MEMORY:
-            counts.pop(next(iter(counts)))
+        count = self._counts.one_more(key)
         opts = self.opts
         limit = opts.maxDeliveryFailures
         where = poison.destination or (opts.get("queue") or opts.get("destination"))

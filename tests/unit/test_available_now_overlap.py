@@ -9,6 +9,7 @@ import pytest
 from spark_mq import schema as S
 from spark_mq.options import SOURCE, parse_options
 from spark_mq.sources import base
+from spark_mq.sources.lanes import Lanes
 
 
 class _Log:
@@ -56,7 +57,8 @@ def _ready_at(reader, ing, clock, t, head):
     clock[0] = 1000.0 + t
     ing.log.head = ing.log.durable_head = head
     ing.last_message = clock[0]  # still draining: the silence rule does not apply
-    return reader._available_now_ready(ing, reader._last_end or 0, None)
+    start = reader._last_end if isinstance(reader._last_end, tuple) else (reader._last_end or 0,)
+    return reader._available_now_ready(Lanes([ing]), start, None)
 
 
 def test_rows_wait_for_the_minimum_then_go_while_the_drain_continues(clock):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spark_mq.options import SOURCE, parse_options
+from spark_mq.sources.lanes import Lanes
 from spark_mq.sources.partitions import partition_count
 
 
@@ -74,7 +75,8 @@ def test_spark_before_4_2_first_offset_call_without_a_start_is_never_below_the_c
 
     reader = MQStreamReader("malamute", _opts(maxMessagesPerTrigger=100), S.source_schema("malamute"), None)
     ing = _Ingest(tail=0, head=1000)
-    reader._engine = lambda: ing
+    lanes = Lanes([ing])
+    reader._engine = lambda: lanes
     reader._wait_first = lambda ing: None
     assert reader.latestOffset() == {"offset": 1000}
     ing.log.head = ing.log.durable_head = 1500
@@ -125,7 +127,8 @@ def test_without_available_now_support_a_runs_first_batch_takes_the_backlog_then
                                                    stream_arrow_writer=False))
     reader = base.MQStreamReader("malamute", _opts(maxMessagesPerTrigger=100), S.source_schema("malamute"), None)
     ing = _OneBatchIngest(tail=0, head=1000)
-    reader._engine = lambda: ing
+    lanes = Lanes([ing])
+    reader._engine = lambda: lanes
     reader._wait_first = lambda ing: None
     if not restart:
         assert reader.initialOffset() == {"offset": 0}

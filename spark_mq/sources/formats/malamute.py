@@ -54,6 +54,15 @@ def validate(opts: Options) -> None:
                           + (f" (got {', '.join(given)})" if given else ""))
     if opts.get("mailbox") and opts.get("address") and opts.address != opts.mailbox:
         raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
+    consumers = opts.get("consumers") or 1
+    if consumers > 1 and not opts.get("service"):
+        what = "stream" if opts.get("stream") else "mailbox"
+        why = ("a Malamute stream delivers every message to each of its consumers, so each lane would log all of "
+               "them" if what == "stream" else
+               "a Malamute mailbox has one address, and one client at a time can hold it")
+        raise OptionError(f"option 'consumers' is {consumers}, but a malamute {what} cannot be split across "
+                          f"connections: {why}. Use consumers=1 for a {what}, or a service (option 'service'), "
+                          f"whose workers compete for the requests")
 
 
 class MalamuteConsumer(Consumer):
