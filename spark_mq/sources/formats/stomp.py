@@ -104,7 +104,10 @@ class StompConsumer(Consumer):
         profile = self.client.broker
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
-        self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
+        # see broker_stamp_ms. One destination only: a queue delivers in order, so its first message
+        # stamped after a run began means the rest came later too; with several, another queue may
+        # still hold older messages, so the drain ends as on RabbitMQ (quietPeriod, availableNowTimeout)
+        self.broker_stamps = profile.name == "activemq" and len(self.destinations) == 1
         # ActiveMQ stops sending a queue to a consumer that fell behind (its socket full for a
         # moment) after the page it holds (200 messages) until acknowledgements come
         self.acks_release_more = profile.name == "activemq"
