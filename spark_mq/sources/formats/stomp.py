@@ -30,8 +30,8 @@ no ACK. docs/stomp.md has the references and the tests.
 Identity for de-duplication: ``message-id`` where the broker keeps it across redeliveries
 (ActiveMQ); RabbitMQ makes a new one per session, so there a hash of body and user headers is
 used, checked only for redelivered messages (``redelivered:true``). The queue depth is unknown in
-STOMP: on ActiveMQ, availableNow and batch reads end at the first message the broker stamped after
-their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
+STOMP: on ActiveMQ with one destination, availableNow and batch reads end at the first message the
+broker stamped after their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
 RabbitMQ ends after ``availableNowTimeout`` at the latest.
 """
 
