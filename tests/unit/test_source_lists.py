@@ -10,7 +10,7 @@ from spark_mq.errors import OptionError
 from spark_mq.protocol.stomp10 import Command, Frame
 from spark_mq.sources.base import source_options
 from spark_mq.sources.formats import amqp08, malamute, stomp
-from spark_mq.sources.formats.stomp import last_of_each_subscription
+from spark_mq.sources.formats.stomp import last_of_each_subscription, not_yet_acked
 
 _VALIDATE = {"amqp08": amqp08.validate, "stomp": stomp.validate, "malamute": malamute.validate}
 _URI = {"amqp08": "amqp://guest:guest@127.0.0.1:5672/%2F", "stomp": "stomp://127.0.0.1:61613",
@@ -89,3 +89,12 @@ def test_acks_name_the_last_message_of_each_subscription_in_delivery_order():
     assert got == ["c-1", "b-2", "a-3"]
     one = [_frame("a", 1), _frame("a", 2)]
     assert last_of_each_subscription(one) == [one[1]]
+
+
+def test_a_commit_acks_only_the_subscriptions_with_something_new():
+    a1, b1, a2 = _frame("a", 1), _frame("b", 1), _frame("a", 2)
+    token = ((2, b1), (3, a2))  # the last of each up to a2, in delivery order
+    assert not_yet_acked(token, {}) == [(2, b1), (3, a2)]
+    assert not_yet_acked(token, {"b": 2}) == [(3, a2)]          # b's last one is acknowledged already
+    assert not_yet_acked(token, {"a": 3, "b": 2}) == []         # nothing new: no transaction at all
+    assert not_yet_acked(((1, a1),), {"a": 3}) == []            # an older token than what was acked

@@ -48,7 +48,7 @@ from spark_mq.sources.consumer import Consumer
 from spark_mq.sources.formats.sourcelist import name_list
 from spark_mq.sources.ingest import prefetch_of
 
-__all__ = ["StompConsumer", "connect_consumer", "last_of_each_subscription", "validate"]
+__all__ = ["StompConsumer", "connect_consumer", "last_of_each_subscription", "not_yet_acked", "validate"]
 
 def destinations(opts: Options) -> tuple:
     """The destinations of option ``destination`` (a comma-separated list), in the order given."""
@@ -238,10 +238,7 @@ class StompConsumer(Consumer):
         if self.destination_of is None:
             frames = [token]
         else:
-            # a subscription whose last frame is acknowledged already gets no ACK: ActiveMQ would
-            # answer an ERROR, RabbitMQ an unknown delivery tag (see the module docstring)
-            acked = self._acked
-            token = [(seq, frame) for seq, frame in token if seq > acked.get(frame.headers.get("subscription"), 0)]
+            token = not_yet_acked(token, self._acked)
             if not token:
                 return
             frames = [frame for _, frame in token]
@@ -281,6 +278,14 @@ class StompConsumer(Consumer):
             self.client.disconnect(timeout=2.0)
         except Exception:  # noqa: BLE001 - a broken connection cannot say goodbye
             self.client.close()
+
+
+def not_yet_acked(token, acked: dict) -> list:
+    """Of a commit's ``token`` (``(seq, frame)`` pairs, see ``StompConsumer.token``), those whose
+    subscription was last acknowledged (``acked``: id -> seq) before them: a subscription whose last
+    frame is acknowledged already gets no ACK (ActiveMQ would answer an ERROR, RabbitMQ an unknown
+    delivery tag; see the module docstring)."""
+    return [(seq, frame) for seq, frame in token if seq > acked.get(frame.headers.get("subscription"), 0)]
 
 
 def last_of_each_subscription(frames: list) -> list:
