@@ -397,7 +397,8 @@ CONNECTION_OPTIONS = define(
     OptionSpec("routingKey", OptionType.STRING, formats={AMQP08}, doc=(
         "AMQP routing key: the sink's default; the source's binding key when declare=create.")),
     OptionSpec("destination", OptionType.STRING, formats={STOMP}, doc=(
-        "STOMP destination, e.g. /queue/orders (source: subscribed; sink: default destination).")),
+        "STOMP destination, e.g. /queue/orders (sink: default destination). Source: subscribed; a comma-separated "
+        "list subscribes to each on one connection (a row's destination: the one of its subscription).")),
     OptionSpec("stream", OptionType.STRING, formats={MALAMUTE}, excludes=("mailbox", "service"),
                doc="Malamute stream (source: consumed with pattern; sink: produced to)."),
     OptionSpec("mailbox", OptionType.STRING, formats={MALAMUTE}, excludes=("service",),
@@ -412,7 +413,12 @@ CONNECTION_OPTIONS = define(
 _SRC = frozenset({SOURCE})
 
 SOURCE_OPTIONS = define(
-    OptionSpec("queue", OptionType.STRING, formats={AMQP08}, directions=_SRC, doc="AMQP queue to consume."),
+    OptionSpec("queue", OptionType.STRING, formats={AMQP08}, directions=_SRC, doc=(
+        "AMQP queue to consume; a comma-separated list consumes each on one connection and channel (declare "
+        "applies to each; a row's destination is its queue).")),
+    OptionSpec("streams", OptionType.JSON, formats={MALAMUTE}, directions=_SRC, excludes=("stream", "mailbox", "service"),
+               doc='Malamute streams to read on one client, each with its pattern: {"weather": "^temp", "alerts": ""} '
+                   "(in place of stream and pattern; a row's destination is the stream of its message)."),
     OptionSpec("pattern", OptionType.STRING, default="", formats={MALAMUTE}, directions=_SRC,
                doc="Malamute subject pattern (zrex) for stream or service reads; empty matches all."),
     OptionSpec("declare", OptionType.ENUM, default="none", choices=("none", "passive", "create"),

@@ -433,8 +433,10 @@ class StompClient:
         self.commit(tx)
 
     def ack(self, message: Union[Frame, str], *, subscription: Optional[str] = None, transaction: Optional[str] = None, receipt: bool = False) -> None:
-        """Acknowledge ``message`` and every earlier unacknowledged message of its subscription.
-        Pass the MESSAGE frame, or its message-id (then ``subscription`` helps find it)."""
+        """Acknowledge ``message`` and every earlier unacknowledged message of its subscription
+        (on RabbitMQ: of every subscription of the connection; acknowledging one of those again is
+        an error there, see ``spark_mq.protocol.stomp10._brokers``). Pass the MESSAGE frame, or its
+        message-id (then ``subscription`` helps find it)."""
         if isinstance(message, Frame):
             message_id = message.headers[Header.MESSAGE_ID]
             subscription = subscription or message.headers.get(Header.SUBSCRIPTION)

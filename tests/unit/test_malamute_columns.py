@@ -49,6 +49,20 @@ CASES = {
 }
 
 
+def test_several_streams_take_each_rows_destination_from_its_address():
+    """With several streams (option ``streams``) the destination column is each delivery's address,
+    in the columns as in the rows."""
+    deliveries = [codec.StreamDeliver("weather" if i % 3 else "alerts", "p", f"s{i}", [b"v%d" % i]) for i in range(30)]
+    for taken in (held(deliveries), as_received(deliveries)):
+        got = deliveries_batch(taken, None, 7, 1_700_000_000_000_000)
+        consumer = MalamuteConsumer.__new__(MalamuteConsumer)
+        consumer.destination, consumer.by_address = "weather", True
+        want = S.build_batch("malamute", [consumer.row(d, 7 + i, 1_700_000_000_000_000)
+                                          for i, d in enumerate(deliveries)])
+        assert got.equals(want)
+        assert got.column("destination").to_pylist() == ["weather" if i % 3 else "alerts" for i in range(30)]
+
+
 def as_received(deliveries: list) -> Deliveries:
     """The deliveries as the receiver's columns take them off the wire: the header's fields from
     ``codec.delivery_fields`` (one dict per distinct header)."""

@@ -4,7 +4,11 @@ Measured against RabbitMQ 3.10 (rabbitmq_stomp) and ActiveMQ 5.17 (see docs/stom
 tests/integration/test_stomp_brokers.py, which re-measures each fact on every run):
 
 - ``ack:client`` is cumulative on both: ACK of message N acknowledges every earlier unacked
-  message of that subscription.
+  message of that subscription. With several subscriptions on one connection they differ:
+  ActiveMQ stops at the subscription, RabbitMQ (one AMQP channel per STOMP connection, ACK as
+  ``basic.ack multiple``) acknowledges the earlier messages of every subscription, and then
+  refuses an ACK of one of those as an unknown delivery tag. ACKs of each subscription's last
+  message, sent in delivery order, are right on both (``spark_mq.sources.formats.stomp``).
 - each bounds unacknowledged deliveries with its own SUBSCRIBE header and ignores the other's.
 - a transaction left open at DISCONNECT is rolled back by both: its SENDs are dropped and its
   ACKs undone (the messages are redelivered).

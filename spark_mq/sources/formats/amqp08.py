@@ -5,7 +5,14 @@ arguments and an optional exchange binding), consuming with ``prefetch`` (no-ack
 mode), turning a delivery into a row (envelope and every basic property), cumulative acks
 (``basic.ack multiple``; in ``commit`` mode inside ``tx.select``/``tx.commit``), dead-lettering a
 poison message (``basic.reject`` without requeue), and the queue depth (passive declare on a second
-channel). While the ingest pauses, the client's own bound (``clientBufferMessages``/``clientBufferBytes``)
+channel).
+
+Several queues (``queue`` a comma-separated list) share the one connection and the one consuming
+channel: one ``basic.consume`` per queue, each declared as ``declare`` says. ``basic.qos`` is the
+channel's, so ``prefetch`` applies to each consumer (RabbitMQ: a per-consumer limit for consumers
+made after it). Delivery tags count per channel, across its consumers, so the cumulative ack of the
+last tag of a group acknowledges the group whatever queues it came from. A row's ``destination``
+is the queue of its consumer tag; the depth is the sum of the queues' depths. While the ingest pauses, the client's own bound (``clientBufferMessages``/``clientBufferBytes``)
 holds the broker back in every mode: it stops reading its socket, so a no-ack consumer, which no
 prefetch bounds, needs no cancel.
 
@@ -26,6 +33,7 @@ from spark_mq.options import Options
 from spark_mq.protocol.amqp08.connection import UndecodableProperties
 from spark_mq.sources.base import gather
 from spark_mq.sources.consumer import Consumer
+from spark_mq.sources.formats.sourcelist import name_list
 from spark_mq.sources.ingest import prefetch_of
 
 __all__ = ["Amqp08Consumer", "connect_consumer", "validate"]
@@ -35,8 +43,13 @@ __all__ = ["Amqp08Consumer", "connect_consumer", "validate"]
 _MAX_PREFETCH = 0xFFFF
 
 
+def queues(opts: Options) -> tuple:
+    """The queues of option ``queue`` (a comma-separated list), in the order given."""
+    return name_list(opts, "queue", "queue")
+
+
 def validate(opts: Options) -> None:
-    if not opts.get("queue"):
+    if not queues(opts):
         raise OptionError("the amqp08 source needs option 'queue'")
     if (opts.get("prefetch") or 0) > _MAX_PREFETCH:
         raise OptionError(f"option 'prefetch' is {opts.prefetch}: AMQP 0-8's basic.qos takes at most "
@@ -65,7 +78,10 @@ class Amqp08Consumer(Consumer):
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
-        self.queue = opts.queue
+        self.queues = queues(opts)
+        self.queue = self.queues[0]
+        #: consumer tag -> its queue, where there are several (a row's destination)
+        self.queue_of: Optional[dict] = None
         self.auto = opts.get("ackMode") == "auto"
         self.commit_mode = opts.get("ackMode") == "commit"
         self.include_headers = opts.includeHeaders
@@ -78,7 +94,9 @@ class Amqp08Consumer(Consumer):
                 self.ch.tx_select()
             if not self.auto:
                 self.ch.basic_qos(prefetch_count=prefetch_of(opts))
-            self.tag = self.ch.basic_consume(self.queue, no_ack=self.auto)
+            tags = {self.ch.basic_consume(queue, no_ack=self.auto): queue for queue in self.queues}
+            if len(tags) > 1:
+                self.queue_of = tags
         except BaseException:
             self.conn.close()
             raise
@@ -87,15 +105,18 @@ class Amqp08Consumer(Consumer):
 
     def _declare(self, ch) -> None:
         mode = self.opts.declare
-        if mode == "passive":
-            ch.queue_declare(self.queue, passive=True)
-        elif mode == "create":
-            exchange = self.opts.get("exchange")
-            if exchange and self.opts.get("exchangeType"):
-                ch.exchange_declare(exchange, self.opts.exchangeType, durable=True)
-            ch.queue_declare(self.queue, durable=True, arguments=self.opts.get("queueArguments"))
-            if exchange:
-                ch.queue_bind(self.queue, exchange, self.opts.get("routingKey") or self.queue)
+        if mode == "none":
+            return
+        exchange = self.opts.get("exchange")
+        if mode == "create" and exchange and self.opts.get("exchangeType"):
+            ch.exchange_declare(exchange, self.opts.exchangeType, durable=True)
+        for queue in self.queues:
+            if mode == "passive":
+                ch.queue_declare(queue, passive=True)
+            elif mode == "create":
+                ch.queue_declare(queue, durable=True, arguments=self.opts.get("queueArguments"))
+                if exchange:
+                    ch.queue_bind(queue, exchange, self.opts.get("routingKey") or queue)
 
     def poll(self, max_count: int, timeout: float) -> list:
         if self._lost is not None:
@@ -120,21 +141,26 @@ class Amqp08Consumer(Consumer):
         headers = None
         if self.include_headers and p is not None and p.headers:
             headers = [(str(k), None if v is None else _text(v)) for k, v in p.headers.items()]
+        queue = self.queue if self.queue_of is None else self._queue(msg)
         if p is None:
-            return (msg.body, self.queue, None, now_us, headers, msg.redelivered, offset, msg.exchange,
+            return (msg.body, queue, None, now_us, headers, msg.redelivered, offset, msg.exchange,
                     msg.routing_key, msg.delivery_tag, None, None, None, None, None, None, None, None, None,
                     None, None)
         ts = p.timestamp * 1_000_000 if p.timestamp is not None else now_us
-        return (msg.body, self.queue, p.message_id, ts, headers, msg.redelivered, offset, msg.exchange,
+        return (msg.body, queue, p.message_id, ts, headers, msg.redelivered, offset, msg.exchange,
                 msg.routing_key, msg.delivery_tag, p.content_type, p.content_encoding, p.delivery_mode,
                 p.priority, p.correlation_id, p.reply_to, p.expiration, p.type, p.user_id, p.app_id, p.cluster_id)
+
+    def _queue(self, msg) -> str:
+        """The queue ``msg`` came from."""
+        return self.queue if self.queue_of is None else self.queue_of.get(msg.consumer_tag, self.queue)
 
     def _undecodable(self, msg, p) -> PoisonDelivery:
         # no message id to name it by: its body and the raw properties identify it across sessions
         return PoisonDelivery(
             f"its properties ({len(p.raw)} bytes) cannot be decoded: {p.error} (exchange {msg.exchange!r}, "
             f"routing key {msg.routing_key!r}, {len(msg.body)} bytes of body)",
-            msg=msg, destination=self.queue, body=msg.body, headers=[("properties", p.raw.hex())])
+            msg=msg, destination=self._queue(msg), body=msg.body, headers=[("properties", p.raw.hex())])
 
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:
@@ -165,17 +191,28 @@ class Amqp08Consumer(Consumer):
         the consuming connection queues behind all of that, which the client must then read past its
         buffer bound to find the reply (seen: 10,561 held against a bound of 10,000)."""
         if not self.auto:
-            ok = self.control.queue_declare(self.queue, passive=True)
-            return ok.message_count if ok is not None else None
+            return self._depth_on(self.control)
         try:
             if self._figures is None:
                 conn = connect_amqp08(self.opts)  # takes no deliveries
                 self._figures = (conn, conn.channel())
-            ok = self._figures[1].queue_declare(self.queue, passive=True)
+            return self._depth_on(self._figures[1])
         except BaseException:
             self._close_figures()  # a broker restart: the next figure connects again
             raise
-        return ok.message_count if ok is not None else None
+
+    def _depth_on(self, ch) -> Optional[int]:
+        """The sum of the queues' depths, asked on ``ch`` (None if any cannot tell). With several
+        queues, a delivery of a queue counted first that arrives before the later answers is
+        counted twice (in its queue's depth and as held): availableNow and batch reads then end at
+        a quiet period with the depth at 0, a little later; never too soon."""
+        total = 0
+        for queue in self.queues:
+            ok = ch.queue_declare(queue, passive=True)
+            if ok is None:
+                return None
+            total += ok.message_count
+        return total
 
     def _close_figures(self) -> None:
         figures, self._figures = self._figures, None
@@ -187,8 +224,7 @@ class Amqp08Consumer(Consumer):
 
     def depth_in_order(self):
         # on the consuming channel: deliveries sent before declare-ok are already in the client
-        ok = self.ch.queue_declare(self.queue, passive=True)
-        return ok.message_count if ok is not None else None
+        return self._depth_on(self.ch)
 
     def buffered(self) -> int:
         # deliveries the client holds but we have not polled (prefetched; not counted in the depth)

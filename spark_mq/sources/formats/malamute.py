@@ -1,7 +1,8 @@
 """The ``malamute`` source: a Malamute stream reader, mailbox or service worker for the ingest loop.
 
-Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STREAM-READ),
-``mailbox`` (the client connects with that address and reads its mailbox) or ``service`` +
+Responsible for: the Malamute-specific parts only: ``stream`` + ``pattern`` (STREAM-READ), or
+``streams`` (a JSON object of stream to pattern: one STREAM-READ each on the one client, a row's
+``destination`` then the stream of its delivery, the STREAM-DELIVER's address), ``mailbox (the client connects with that address and reads its mailbox) or ``service`` +
 ``pattern`` (SERVICE-OFFER as a worker), and a delivery as a row (``body`` is the first frame,
 ``frames`` all of them; ``sender``, ``address``, ``subject``, ``tracker``). The ingest takes a group
 of deliveries as one record batch built by columns (``poll_batch``): the receiver copies each
@@ -36,6 +37,7 @@ from spark_mq.errors import ConnectionClosedError, OptionError
 from spark_mq.options import Options
 from spark_mq.protocol.zmtp import BodyBuffer
 from spark_mq.sources.consumer import Consumer
+from spark_mq.sources.formats.sourcelist import stream_patterns
 
 __all__ = ["MalamuteConsumer", "connect_consumer", "validate"]
 
@@ -47,11 +49,27 @@ _BODY_KEEP = 64 << 20  # a body buffer larger than this is kept only while group
 _BODIES_KEPT = 8  # body buffers kept for reuse: more than the groups the log holds unwritten (4) and the one received
 
 
+def streams(opts: Options) -> tuple:
+    """The ``(stream, pattern)`` pairs the source reads: of ``streams``, or ``stream`` with ``pattern``."""
+    if opts.get("streams") is not None:
+        return stream_patterns(opts)
+    return ((opts.stream, opts.pattern),) if opts.get("stream") else ()
+
+
 def validate(opts: Options) -> None:
-    given = [k for k in ("stream", "mailbox", "service") if opts.get(k)]
+    given = [k for k in ("stream", "streams", "mailbox", "service") if opts.get(k) is not None and opts.get(k) != ""]
     if len(given) != 1:
-        raise OptionError("the malamute source needs exactly one of the options 'stream', 'mailbox', 'service'"
-                          + (f" (got {', '.join(given)})" if given else ""))
+        raise OptionError("the malamute source needs exactly one of the options 'stream', 'streams', 'mailbox', "
+                          "'service'" + (f" (got {', '.join(given)})" if given else ""))
+    if opts.get("streams") is not None:
+        if "pattern" in opts.provided:
+            raise OptionError("options 'streams' and 'pattern' contradict each other: with 'streams' each stream "
+                              'has its pattern in the JSON object, e.g. {"weather": "^temp", "alerts": ""}')
+        streams(opts)  # its errors name the option
+    if opts.get("mailbox") and "," in opts.mailbox:
+        raise OptionError(f"option 'mailbox' is {opts.mailbox!r}: a Malamute client has one address, so one "
+                          f"connection reads one mailbox; several mailboxes are not supported by one source "
+                          f"(run a query per mailbox)")
     if opts.get("mailbox") and opts.get("address") and opts.address != opts.mailbox:
         raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
     consumers = opts.get("consumers") or 1
@@ -71,14 +89,18 @@ class MalamuteConsumer(Consumer):
     stable_ids = False  # no redeliveries in Malamute; trackers are not unique
     returns_unacked = False  # closing loses what the client holds: batch reads take it all
     builds_batches = True
+    #: several streams: a row's destination is its delivery's address (its stream), not ``destination``
+    by_address = False
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
+        self.streams = streams(opts)
         if opts.get("mailbox"):
             address, self.destination = opts.mailbox, opts.mailbox
         else:
             address = opts.get("address") or f"spark-mq-{uuid.uuid4().hex[:12]}"
-            self.destination = opts.get("stream") or opts.get("service")
+            self.destination = self.streams[0][0] if self.streams else opts.get("service")
+        self.by_address = len(self.streams) > 1
         # The ingest thread drives the client itself (``MalamuteReceiver``: no IO thread, and the TCP
         # stream read and cut up in Python instead of through pyzmq, whose hand-offs cost more than
         # receiving; see ``spark_mq.protocol.zmtp``). What the reader holds ahead of the ingest is
@@ -92,8 +114,9 @@ class MalamuteConsumer(Consumer):
         self._bodies: list = []  # the BodyBuffers groups are received into (reused), last used first
         self.client = connect_malamute(opts, address, start=attempt, client_class=MalamuteReceiver)
         try:
-            if opts.get("stream"):
-                self.client.set_consumer(opts.stream, opts.pattern)
+            if self.streams:
+                for stream, pattern in self.streams:
+                    self.client.set_consumer(stream, pattern)
             elif opts.get("service"):
                 self.client.set_worker(opts.service, opts.pattern)
         except BaseException:
@@ -126,7 +149,8 @@ class MalamuteConsumer(Consumer):
         if not taken:
             self._check_lost()
             return 0, None
-        return len(taken), deliveries_batch(taken, self.destination, offset, int(time.time() * 1_000_000))
+        return len(taken), deliveries_batch(taken, None if self.by_address else self.destination, offset,
+                                            int(time.time() * 1_000_000))
 
     def _body_buffer(self) -> BodyBuffer:
         """The buffer for the next group: the one used last that nothing holds any more, emptied
@@ -155,7 +179,7 @@ class MalamuteConsumer(Consumer):
     def row(self, msg, offset: int, now_us: int) -> tuple:
         frames = msg.content  # a list of bytes (the client receives every frame as bytes)
         tracker = getattr(msg, "tracker", "") or ""
-        return (frames[0] if frames else b"", self.destination, tracker or None, now_us, None, False, offset,
+        return (frames[0] if frames else b"", msg.address if self.by_address else self.destination, tracker or None, now_us, None, False, offset,
                 msg.sender, msg.address, msg.subject, tracker, S.frames_value(frames))
 
     def keepalive(self) -> None:
@@ -196,7 +220,7 @@ def _constant(value, n: int, type_: pa.DataType) -> pa.Array:
 
 def deliveries_batch(taken, destination: str, offset: int, now_us: int) -> pa.RecordBatch:
     """The source's record batch of the deliveries ``MalamuteReceiver.poll(..., body)`` took (a
-    ``Deliveries``): equal to ``build_batch`` of the deliveries' ``row``s (a unit test holds them to
+    ``Deliveries``), ``destination`` the value of that column (None: each delivery's address): equal to ``build_batch`` of the deliveries' ``row``s (a unit test holds them to
     it), built by columns. The body column is the body buffer itself; a group mostly repeats one
     header (one dict for all), whose columns are then constants."""
     n = len(taken)
@@ -221,7 +245,8 @@ def deliveries_batch(taken, destination: str, offset: int, now_us: int) -> pa.Re
         frames_col = _constant(None, n, types["frames"])
     columns = {
         "body": A.binary_ends(memoryview(body.data)[taken.start:body.fill], taken.ends, taken.start, types["body"]),
-        "destination": _constant(destination, n, types["destination"]),
+        "destination": (_constant(destination, n, types["destination"]) if destination is not None
+                        else header_col(itemgetter("address"), "destination")),
         "message_id": header_col(lambda f: f.get("tracker") or None, "message_id"),
         "timestamp": A.repeated(now_us, n, types["timestamp"]),
         "headers": _constant(None, n, types["headers"]),

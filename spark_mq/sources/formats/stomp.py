@@ -11,16 +11,33 @@ reading its socket, so an ack:auto subscription, which no prefetch bounds, needs
     spark.readStream.format("stomp").option("uri", "stomp://guest:guest@host:61613")
         .option("destination", "/queue/orders").option("logLocation", "/shared/orders-log").load()
 
+Several destinations (``destination`` a comma-separated list) share the one connection: one
+SUBSCRIBE each, with its own id (and its own prefetch: both brokers bound each subscription). A
+row's ``destination`` is then the destination as given, by the MESSAGE's ``subscription`` (the
+broker's ``destination`` header stays in ``headers``). Acknowledging with several subscriptions:
+a STOMP 1.0 ``ack:client`` ACK is cumulative, but not over the same set on both brokers.
+ActiveMQ acknowledges the named message and the earlier ones *of its subscription*
+(``StompSubscription.onStompMessageAck``) and answers an ACK of a message no longer awaiting one
+with an ERROR ("Unexpected ACK received"); RabbitMQ turns the ACK into ``basic.ack multiple=true``
+on the connection's one AMQP channel, whose delivery tags run across its consumers, so it
+acknowledges every earlier delivery *of every subscription* (``rabbit_stomp_processor``), and an
+ACK of a delivery already settled that way is an unknown delivery tag (an ERROR, and on RabbitMQ
+3.x the connection closes). So a group (and a commit) sends one ACK per subscription, for that
+subscription's last message, in the order the messages came: correct on both (each ACK names a
+message later than everything an earlier ACK settled), and a subscription with nothing new gets
+no ACK. docs/stomp.md has the references and the tests.
+
 Identity for de-duplication: ``message-id`` where the broker keeps it across redeliveries
 (ActiveMQ); RabbitMQ makes a new one per session, so there a hash of body and user headers is
 used, checked only for redelivered messages (``redelivered:true``). The queue depth is unknown in
-STOMP: on ActiveMQ, availableNow and batch reads end at the first message the broker stamped after
-their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
+STOMP: on ActiveMQ with one destination, availableNow and batch reads end at the first message the
+broker stamped after their start (``broker_stamp_ms``), else after ``quietPeriod`` without messages; availableNow on
 RabbitMQ ends after ``availableNowTimeout`` at the latest.
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Optional
 
 from spark_mq.clients.connect import connect_stomp
@@ -28,18 +45,24 @@ from spark_mq.errors import BrokerRefusedError, OptionError, PoisonDelivery
 from spark_mq.options import Options
 from spark_mq.sources.base import gather
 from spark_mq.sources.consumer import Consumer
+from spark_mq.sources.formats.sourcelist import name_list
 from spark_mq.sources.ingest import prefetch_of
 
-__all__ = ["StompConsumer", "connect_consumer", "validate"]
+__all__ = ["StompConsumer", "connect_consumer", "last_of_each_subscription", "not_yet_acked", "validate"]
+
+def destinations(opts: Options) -> tuple:
+    """The destinations of option ``destination`` (a comma-separated list), in the order given."""
+    return name_list(opts, "destination", "destination")
+
 
 def validate(opts: Options) -> None:
-    if not opts.get("destination"):
+    if not destinations(opts):
         raise OptionError("the stomp source needs option 'destination' (e.g. /queue/orders)")
     dlq = opts.get("deadLetterDestination")
     if opts.get("poisonMessages") == "deadletter" and not dlq:
         raise OptionError("option 'poisonMessages' is deadLetter: the stomp source needs option "
                           "'deadLetterDestination' (where poison messages are sent, e.g. /queue/orders.dlq)")
-    if dlq and dlq == opts.destination:
+    if dlq and dlq in destinations(opts):
         raise OptionError(f"option 'deadLetterDestination' is {dlq!r}, the destination read: a poison message "
                           f"would come back to fail again")
 
@@ -67,7 +90,13 @@ class StompConsumer(Consumer):
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
-        self.destination = opts.destination
+        self.destinations = destinations(opts)
+        self.destination = self.destinations[0]
+        #: subscription id -> its destination as given, where there are several (else None)
+        self.destination_of: Optional[dict] = None
+        self._latest: dict = {}    # commit mode, several subscriptions: id -> (seq, frame) last given to token
+        self._acked: dict = {}     # ... id -> seq of the last frame acknowledged
+        self._seq = 0
         self.auto = opts.get("ackMode") == "auto"
         self.commit_mode = opts.get("ackMode") == "commit"
         self.include_headers = opts.includeHeaders
@@ -75,7 +104,10 @@ class StompConsumer(Consumer):
         profile = self.client.broker
         self.cumulative = profile.cumulative_client_ack
         self.stable_ids = profile.name != "rabbitmq"
-        self.broker_stamps = profile.name == "activemq"  # see broker_stamp_ms
+        # see broker_stamp_ms. One destination only: a queue delivers in order, so its first message
+        # stamped after a run began means the rest came later too; with several, another queue may
+        # still hold older messages, so the drain ends as on RabbitMQ (quietPeriod, availableNowTimeout)
+        self.broker_stamps = profile.name == "activemq" and len(self.destinations) == 1
         # ActiveMQ stops sending a queue to a consumer that fell behind (its socket full for a
         # moment) after the page it holds (200 messages) until acknowledgements come
         self.acks_release_more = profile.name == "activemq"
@@ -92,6 +124,7 @@ class StompConsumer(Consumer):
         durable = profile.name == "activemq" and not self.auto and not self.commit_mode
         self.max_group = ACTIVEMQ_GROUP if durable else None
         self.ack_when_durable = durable
+        self._subscribing = self.destination  # the destination of the SUBSCRIBE under way (for a refusal)
         try:
             self._subscribe()
         except BaseException as exc:
@@ -103,13 +136,19 @@ class StompConsumer(Consumer):
                 # an ERROR frame in reply: the broker refused the destination (missing, forbidden),
                 # which retrying cannot mend: a refusal, so the ingest fails after its short grace,
                 # not after brokerTimeout
-                raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self.destination!r}: {exc}") from exc
+                raise BrokerRefusedError(f"the stomp broker refused SUBSCRIBE to {self._subscribing!r}: {exc}") from exc
             raise
         self._lost: Optional[BaseException] = None
 
     def _subscribe(self) -> None:
-        self.sub = self.client.subscribe(self.destination, ack="auto" if self.auto else "client",
-                                         prefetch=None if self.auto else prefetch_of(self.opts))
+        subs = {}
+        for destination in self.destinations:
+            self._subscribing = destination
+            subs[self.client.subscribe(destination, ack="auto" if self.auto else "client",
+                                       prefetch=None if self.auto else prefetch_of(self.opts))] = destination
+        self.sub = next(iter(subs))
+        if len(subs) > 1:
+            self.destination_of = subs
 
     def poll(self, max_count: int, timeout: float) -> list:
         if self._lost is not None:
@@ -123,16 +162,24 @@ class StompConsumer(Consumer):
         # once per message: headers absent from most messages are not converted (no call for a None)
         if frame.oversize:
             raise self._too_large(frame)
-        get = frame.headers.get
-        headers = [kv for kv in frame.headers.items() if kv[0] != "content-length"] if self.include_headers else None
+        h = frame.headers
+        get = h.get
+        headers = [kv for kv in h.items() if kv[0] != "content-length"] if self.include_headers else None
         ts = get("timestamp")
         if ts is not None:
             ts = _int(ts)
         priority, expires = get("priority"), get("expires")
-        return (frame.body, get("destination", self.destination), get("message-id"),
+        return (frame.body, self._destination(h), get("message-id"),
                 ts * 1000 if ts is not None else now_us, headers, get("redelivered") == "true", offset,
                 get("subscription"), get("content-type"), get("correlation-id"), get("reply-to"),
                 _int(priority) if priority is not None else None, _int(expires) if expires is not None else None)
+
+    def _destination(self, headers) -> str:
+        """The row's destination: the MESSAGE's header; with several subscriptions, the destination
+        as given of the frame's subscription."""
+        if self.destination_of is None:
+            return headers.get("destination", self.destination)
+        return self.destination_of.get(headers.get("subscription"), headers.get("destination", self.destination))
 
     def _too_large(self, frame) -> PoisonDelivery:
         h = frame.headers
@@ -141,7 +188,7 @@ class StompConsumer(Consumer):
         return PoisonDelivery(
             f"its MESSAGE frame of {size} is above maxFrameBytes={self.opts.maxFrameBytes} (message-id "
             f"{h.get('message-id')!r}); its body was skipped as it arrived",
-            msg=frame, message_id=h.get("message-id"), destination=h.get("destination", self.destination),
+            msg=frame, message_id=h.get("message-id"), destination=self._destination(h),
             headers=[(k, v) for k, v in h.items() if k != "content-length"], size=frame.oversize, held=False,
             option="maxFrameBytes")
 
@@ -153,7 +200,7 @@ class StompConsumer(Consumer):
         headers = {k: v for k, v in h.items() if v is not None and k and k not in _DELIVERY_HEADERS}
         headers.update({
             "persistent": "true",
-            "x-spark-mq-dead-letter-from": h.get("destination", self.destination),
+            "x-spark-mq-dead-letter-from": self._destination(h),
             "x-spark-mq-dead-letter-message-id": h.get("message-id", ""),
             "x-spark-mq-dead-letter-failures": str(failures),
             "x-spark-mq-dead-letter-reason": " ".join(reason.split())[:1000],  # one line: STOMP 1.0 cannot escape
@@ -170,19 +217,39 @@ class StompConsumer(Consumer):
     def ack(self, frames: list) -> None:
         if self.auto or not frames:
             return
-        if self.cumulative:
+        if not self.cumulative:
+            for frame in frames:
+                self.client.ack(frame)
+        elif self.destination_of is None:
             self.client.ack(frames[-1])
         else:
-            for frame in frames:
+            for frame in last_of_each_subscription(frames):
                 self.client.ack(frame)
 
     def token(self, frame):
-        return frame
+        """The frame; with several subscriptions, the last frame of each subscription up to this
+        one, in the order they came (``(seq, frame)`` pairs; called in delivery order)."""
+        if self.destination_of is None:
+            return frame
+        self._seq += 1
+        self._latest[frame.headers.get("subscription")] = (self._seq, frame)
+        return tuple(sorted(self._latest.values(), key=itemgetter(0)))
 
-    def ack_commit(self, frame) -> None:
+    def ack_commit(self, token) -> None:
+        if self.destination_of is None:
+            frames = [token]
+        else:
+            token = not_yet_acked(token, self._acked)
+            if not token:
+                return
+            frames = [frame for _, frame in token]
         tx = self.client.begin()
-        self.client.ack(frame, transaction=tx)
+        for frame in frames:
+            self.client.ack(frame, transaction=tx)
         self.client.commit(tx)
+        if self.destination_of is not None:
+            for seq, frame in token:
+                self._acked[frame.headers.get("subscription")] = seq
 
     # pause/resume: nothing to send (the base's no-ops). The client stops reading at its bound and
     # TCP holds the broker back, in every mode. (Not an UNSUBSCRIBE: its RECEIPT queues behind whatever
@@ -212,6 +279,24 @@ class StompConsumer(Consumer):
             self.client.disconnect(timeout=2.0)
         except Exception:  # noqa: BLE001 - a broken connection cannot say goodbye
             self.client.close()
+
+
+def not_yet_acked(token, acked: dict) -> list:
+    """Of a commit's ``token`` (``(seq, frame)`` pairs, see ``StompConsumer.token``), those whose
+    subscription was last acknowledged (``acked``: id -> seq) before them: a subscription whose last
+    frame is acknowledged already gets no ACK (ActiveMQ would answer an ERROR, RabbitMQ an unknown
+    delivery tag; see the module docstring)."""
+    return [(seq, frame) for seq, frame in token if seq > acked.get(frame.headers.get("subscription"), 0)]
+
+
+def last_of_each_subscription(frames: list) -> list:
+    """Of ``frames`` (in delivery order), the last of each subscription, in delivery order: the
+    ACKs that acknowledge them all on ActiveMQ (cumulative per subscription) and on RabbitMQ
+    (cumulative over the connection), each naming a message no earlier ACK settled."""
+    last: dict = {}
+    for i, frame in enumerate(frames):
+        last[frame.headers.get("subscription")] = (i, frame)
+    return [frame for _, frame in sorted(last.values(), key=itemgetter(0))]
 
 
 def connect_consumer(opts: Options, attempt: int = 0) -> StompConsumer:

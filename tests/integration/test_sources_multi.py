@@ -1,0 +1,430 @@
+"""Issue 45, item 1: several sources of messages per query over one connection (amqp08 queues, stomp
+destinations, malamute streams), on the real brokers.
+
+- the STOMP ACKs with several subscriptions on one connection, at the consumer, on each broker: what
+  each broker does with a cumulative ACK (ActiveMQ: of one subscription; RabbitMQ: of the whole
+  connection, and an ERROR for an ACK of what it settled so), and that the source's ACKs (the last
+  message of each subscription, in delivery order) acknowledge everything and nothing twice, in
+  ``durable`` (``ack``) and ``commit`` (``ack_commit``) mode;
+- a streaming query over two sources of each format, messages interleaved: every message once, each
+  row's ``destination`` the source it came from, no reconnect, and the brokers empty afterwards;
+- batch reads over two sources (amqp08, stomp);
+- the query SIGKILLed mid-batch and restarted, stomp over two destinations, on both brokers.
+
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_mq.clients.amqp08 import BasicProperties, Connection
+from spark_mq.clients.malamute import MalamuteClient
+from spark_mq.clients.stomp import StompClient
+from spark_mq.errors import ConnectionClosedError
+from spark_mq.options import SOURCE, parse_options
+from spark_mq.protocol.stomp10 import StompError
+
+pytestmark = pytest.mark.integration
+
+QUERY_TIMEOUT = 240
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def publish_amqp(url: str, queues: list, count: int) -> None:
+    """``count`` messages per queue, interleaved: q0 m0, q1 m0, q0 m1, ... (body ``<queue>|m<i>``)."""
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        for q in queues:
+            ch.queue_declare(q, durable=True)
+        ch.publish_many(("", q, f"{q}|m{i}".encode(), BasicProperties(message_id=f"{q}-{i}", delivery_mode=2))
+                        for i in range(count) for q in queues)
+        for q in queues:
+            ch.queue_declare(q, passive=True)  # a round trip: everything before it reached the broker
+
+
+def publish_stomp(url: str, dests: list, count: int, start: int = 0) -> None:
+    with StompClient.from_uri(url) as client:
+        for i in range(start, start + count):
+            for d in dests:
+                client.send(d, f"{d}|m{i}".encode(), headers={"persistent": "true"})
+        client.flush()  # leaving the block disconnects with a receipt: every SEND before it reached the broker
+
+
+def leftovers_stomp(url: str, dests: list, wait: float = 2.0) -> list:
+    """What the destinations still hold (read with ack:auto, so it is taken out)."""
+    got = []
+    with StompClient.from_uri(url) as client:
+        for d in dests:
+            client.subscribe(d, ack="auto")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            frame = client.receive(0.2)
+            if frame is not None:
+                got.append(frame.body)
+                deadline = max(deadline, time.monotonic() + 1.0)
+    return got
+
+
+def depths_amqp(url: str, queues: list) -> list:
+    with Connection.from_url(url) as conn:
+        ch = conn.channel()
+        return [ch.queue_declare(q, passive=True).message_count for q in queues]
+
+
+def stomp_consumer(url: str, dests: list, tmp_path: Path, **options):
+    from spark_mq.sources.formats.stomp import StompConsumer
+
+    opts = parse_options({"uri": url, "destination": ",".join(dests), "logLocation": str(tmp_path / "log"),
+                          **options}, format="stomp", direction=SOURCE)
+    return StompConsumer(opts)
+
+
+def poll_all(consumer, count: int, timeout: float = 60.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += consumer.poll(count - len(got), 1.0)
+    assert len(got) == count, f"{len(got)} of {count} messages within {timeout}s"
+    return got
+
+
+def round_trip(client: StompClient) -> None:
+    """A request with a receipt: an ERROR the broker sent for an earlier frame (an ACK) comes first."""
+    client.send("/queue/spark-mq-multi-ping", b"", receipt=True)
+
+
+def expected(dests: list, count: int) -> list:
+    return sorted(f"{d}|m{i}".encode() for d in dests for i in range(count))
+
+
+# -- the brokers' ACKs with several subscriptions ---------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_cumulative_ack_spans_subscriptions_on_rabbitmq_and_not_on_activemq(stomp_broker, unique_name, tmp_path):
+    """The finding the source's ACKs rest on, shown with the plain client. Two subscriptions, messages
+    a0 b0 a1 b1 ...; ACK of the last message only (b's):
+    - RabbitMQ acknowledges every earlier message of both (basic.ack multiple on the connection's one
+      channel), and an ACK of a's last message after it is an unknown delivery tag: an ERROR;
+    - ActiveMQ acknowledges b's only (a's come back once the connection closes), and accepts the ACK
+      of a's last message after it."""
+    url = stomp_broker.url("stomp")
+    dests = ["/queue/" + unique_name("span-a"), "/queue/" + unique_name("span-b")]
+    publish_stomp(url, dests, 5)
+    client = StompClient.from_uri(url).connect()
+    try:
+        for d in dests:
+            client.subscribe(d, ack="client", prefetch=100)
+        frames = []
+        deadline = time.monotonic() + 30
+        while len(frames) < 10 and time.monotonic() < deadline:
+            frames += client.receive_many(10 - len(frames), 1.0)
+        assert len(frames) == 10
+        last_a = [f for f in frames if f.headers["destination"] == dests[0]][-1]
+        assert frames[-1].headers["destination"] == dests[1] and frames.index(last_a) < 9
+        client.ack(frames[-1])
+        round_trip(client)
+        if stomp_broker.kind == "rabbitmq":
+            client.ack(last_a)
+            with pytest.raises((StompError, ConnectionClosedError)) as err:
+                round_trip(client)
+            assert "delivery tag" in str(err.value).lower() or "precondition" in str(err.value).lower(), err
+        else:
+            client.disconnect()
+            back = leftovers_stomp(url, dests)
+            assert sorted(back) == sorted(f"{dests[0]}|m{i}".encode() for i in range(5)), back  # a's, not b's
+    finally:
+        client.close()
+    if stomp_broker.kind == "rabbitmq":
+        assert leftovers_stomp(url, dests) == []  # the ACK of b's last one had acknowledged a's too
+
+
+@pytest.mark.timeout(180)
+def test_source_acks_of_several_subscriptions_settle_everything_once(stomp_broker, unique_name, tmp_path):
+    """ackMode durable: groups cut anywhere (ending on either subscription, holding one of them
+    only) are acknowledged by the consumer's ``ack`` with no ERROR, and nothing comes back."""
+    url = stomp_broker.url("stomp")
+    dests = ["/queue/" + unique_name("ack-a"), "/queue/" + unique_name("ack-b"), "/queue/" + unique_name("ack-c")]
+    publish_stomp(url, dests[:2], 20)
+    publish_stomp(url, dests[2:], 3)
+    consumer = stomp_consumer(url, dests, tmp_path, prefetch="1000")
+    try:
+        frames = poll_all(consumer, 43)
+        for cut in ((0, 1), (1, 2), (2, 7), (7, 8), (8, 30), (30, 43)):
+            consumer.ack(frames[cut[0]:cut[1]])
+            round_trip(consumer.client)
+        rows = [consumer.row(f, i, 0) for i, f in enumerate(frames)]
+        assert {r[0].split(b"|")[0].decode() for r in rows} == set(dests)
+        assert all(r[1] == r[0].split(b"|")[0].decode() for r in rows)  # destination: its source
+    finally:
+        consumer.close()
+    assert leftovers_stomp(url, dests) == []
+
+
+@pytest.mark.timeout(180)
+def test_source_commit_acks_of_several_subscriptions_settle_everything_once(stomp_broker, unique_name, tmp_path):
+    """ackMode commit: tokens taken in delivery order, acknowledged in several transactions, one of
+    them with nothing new for a subscription (it gets no ACK, which both brokers would refuse), one
+    with nothing new at all (no transaction); then nothing comes back, and what was not committed
+    does."""
+    url = stomp_broker.url("stomp")
+    dests = ["/queue/" + unique_name("cmt-a"), "/queue/" + unique_name("cmt-b")]
+    publish_stomp(url, dests, 10)
+    consumer = stomp_consumer(url, dests, tmp_path, ackMode="commit", prefetch="1000")
+    try:
+        frames = poll_all(consumer, 20)
+        tokens = [consumer.token(f) for f in frames]
+        # the first frame of the other subscription after one of the first: its token adds that one only
+        switch = next(i for i in range(1, 20) if frames[i].headers["subscription"] != frames[0].headers["subscription"])
+        consumer.ack_commit(tokens[switch - 1])   # the first subscription's frames so far
+        round_trip(consumer.client)
+        consumer.ack_commit(tokens[switch])       # the other one only: the first has nothing new
+        round_trip(consumer.client)
+        consumer.ack_commit(tokens[switch])       # nothing new at all
+        round_trip(consumer.client)
+        consumer.ack_commit(tokens[15])
+        round_trip(consumer.client)
+    finally:
+        consumer.close()
+    back = leftovers_stomp(url, dests)
+    assert sorted(back) == sorted(f.body for f in frames[16:]), back  # the uncommitted, once
+
+
+# -- streaming queries over two sources -------------------------------------------------------------------
+
+
+def _figures(q) -> dict:
+    progress = q.lastProgress
+    return json.loads(progress["sources"][0]["latestOffset"]) if progress else {}
+
+
+def _available_now(spark, fmt, options: dict, tmp_path: Path, name: str):
+    r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log")).option("quietPeriod", "1")
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    q = (r.load().select("body", "destination", "offset").writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    from pyspark.errors import StreamingQueryException
+    try:
+        done = q.awaitTermination(QUERY_TIMEOUT)
+    except StreamingQueryException:
+        done = True
+    if not done:
+        q.stop()
+        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
+    assert q.exception() is None, q.exception()
+    return spark.sql(f"select body, destination, offset from {name}").collect(), _figures(q)
+
+
+def _check_rows(rows, dests: list, count: int) -> None:
+    assert sorted(r.body for r in rows) == expected(dests, count)  # every message, once
+    assert sorted(r.offset for r in rows) == list(range(len(dests) * count))
+    for r in rows:
+        assert r.destination == r.body.split(b"|")[0].decode(), (r.destination, r.body)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ack_mode", ["durable", "commit", "auto"])
+def test_amqp08_stream_over_two_queues(spark, rabbitmq, unique_name, tmp_path, ack_mode):
+    url = rabbitmq.url("amqp")
+    queues = [unique_name("multi-a"), unique_name("multi-b")]
+    publish_amqp(url, queues, 1500)
+    rows, figures = _available_now(spark, "amqp08", {"uri": url, "queue": ",".join(queues), "ackMode": ack_mode,
+                                                     "maxMessagesPerTrigger": 700, "prefetch": 400},
+                                   tmp_path, f"multi_amqp_{ack_mode}")
+    _check_rows(rows, queues, 1500)
+    assert figures.get("reconnects") == 0, figures
+    assert depths_amqp(url, queues) == [0, 0]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["rabbitmq", "activemq"])
+@pytest.mark.parametrize("ack_mode", ["durable", "commit", "auto"])
+def test_stomp_stream_over_two_destinations(spark, request, unique_name, tmp_path, kind, ack_mode):
+    url = request.getfixturevalue(kind).url("stomp")
+    dests = ["/queue/" + unique_name("multi-a"), "/queue/" + unique_name("multi-b")]
+    publish_stomp(url, dests, 800)
+    rows, figures = _available_now(spark, "stomp", {"uri": url, "destination": ",".join(dests), "ackMode": ack_mode,
+                                                    "maxMessagesPerTrigger": 500, "prefetch": 300},
+                                   tmp_path, f"multi_stomp_{kind}_{ack_mode}")
+    _check_rows(rows, dests, 800)
+    assert figures.get("reconnects") == 0, figures  # an ERROR frame for an ACK would have cost a reconnect
+    assert leftovers_stomp(url, dests) == []
+
+
+@pytest.mark.timeout(300)
+def test_malamute_stream_over_two_streams(spark, malamute_broker, unique_name, tmp_path):
+    streams = [unique_name("weather"), unique_name("alerts")]
+    df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint)
+          .option("streams", json.dumps({streams[0]: "^temp", streams[1]: ""}))
+          .option("logLocation", str(tmp_path / "log")).load())
+    q = (df.select("body", "destination", "offset", "subject").writeStream.format("memory").queryName("multi_mlm")
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    want = [f"{streams[0]}|w{i}".encode() for i in range(0, 600, 2)] + [f"{streams[1]}|w{i}".encode()
+                                                                     for i in range(600)]
+    try:
+        deadline = time.monotonic() + 120
+        while not _figures(q).get("connected"):  # a stream keeps nothing for absent readers
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, "the source did not report itself connected within 120 s"
+            time.sleep(0.2)
+        time.sleep(0.5)  # slack: the STREAM-READs are sent before connected is set; their answers may lag
+        with MalamuteClient(malamute_broker.endpoint, "", timeout=5) as p0, \
+                MalamuteClient(malamute_broker.endpoint, "", timeout=5) as p1:
+            p0.set_producer(streams[0])
+            p1.set_producer(streams[1])
+            for i in range(600):
+                p0.send("temp.x" if i % 2 == 0 else "rain.x", f"{streams[0]}|w{i}".encode())
+                p1.send("any", f"{streams[1]}|w{i}".encode())
+            p0.ping()
+            p1.ping()
+        deadline = time.monotonic() + 120
+        while spark.sql("select count(*) from multi_mlm").collect()[0][0] < len(want):
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, "not every message arrived within 120 s"
+            time.sleep(0.3)
+        time.sleep(1.0)  # more triggers: a duplicate would show now
+    finally:
+        q.stop()
+    rows = spark.sql("select body, destination, offset from multi_mlm").collect()
+    assert sorted(r.body for r in rows) == sorted(want)
+    assert sorted(r.offset for r in rows) == list(range(len(want)))
+    for r in rows:
+        assert r.destination == r.body.split(b"|")[0].decode(), (r.destination, r.body)
+
+
+# -- batch reads ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fmt,kind", [("amqp08", "rabbitmq"), ("stomp", "rabbitmq"), ("stomp", "activemq")])
+@pytest.mark.parametrize("logged", [False, True], ids=["in-tasks", "logLocation"])
+def test_batch_read_over_two_sources(spark, request, unique_name, tmp_path, fmt, kind, logged):
+    broker = request.getfixturevalue(kind)
+    if fmt == "amqp08":
+        url, names = broker.url("amqp"), [unique_name("batch-a"), unique_name("batch-b")]
+        publish_amqp(url, names, 700)
+        option = "queue"
+    else:
+        url, names = broker.url("stomp"), ["/queue/" + unique_name("batch-a"), "/queue/" + unique_name("batch-b")]
+        publish_stomp(url, names, 700)
+        option = "destination"
+    r = spark.read.format(fmt).option("uri", url).option(option, ",".join(names)).option("quietPeriod", "1")
+    if logged:
+        r = r.option("logLocation", str(tmp_path / "batchlog"))
+    rows = r.load().select("body", "destination", "offset").collect()
+    _check_rows(rows, names, 700)
+    if fmt == "amqp08":
+        assert depths_amqp(url, names) == [0, 0]
+    else:
+        assert leftovers_stomp(url, names) == []
+
+
+# -- the query killed and restarted -------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    from pyspark.sql import SparkSession
+    from spark_mq.datasources import StompDataSource
+    url, dests, ack_mode, log, out, ckpt, mode, result = sys.argv[1:9]
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    spark.dataSource.register(StompDataSource)
+    df = (spark.readStream.format("stomp").option("uri", url).option("destination", dests)
+          .option("ackMode", ack_mode).option("logLocation", log).option("maxMessagesPerTrigger", "300")
+          .option("prefetch", "400").option("quietPeriod", "1").load())
+    w = df.select("body", "destination").writeStream.format("parquet").option("path", out) \\
+        .option("checkpointLocation", ckpt)
+    if mode == "final":
+        q = w.trigger(availableNow=True).start()
+        q.awaitTermination(300)
+        figures = json.loads(q.lastProgress["sources"][0]["latestOffset"]) if q.lastProgress else {}
+        rows = spark.read.parquet(out).collect()
+        with open(result, "w") as f:
+            json.dump({"rows": sorted([r.body.decode(), r.destination] for r in rows), "figures": figures,
+                       "error": str(q.exception()) if q.exception() else None}, f)
+    else:
+        q = w.trigger(processingTime="100 milliseconds").start()
+        q.awaitTermination(600)
+""")
+
+
+def _batches(ckpt: Path, log: str) -> int:
+    d = ckpt / log
+    return max((int(f) for f in os.listdir(d) if f.isdigit()), default=-1) if d.exists() else -1
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", ["rabbitmq", "activemq"])
+@pytest.mark.parametrize("ack_mode", ["durable", "commit"])
+def test_stomp_two_destinations_query_killed_mid_batch_loses_and_duplicates_nothing(
+        request, unique_name, tmp_path, kind, ack_mode):
+    """The query process SIGKILLed inside a batch three times (restarted from its checkpoint each
+    time), then run to the end: every message of both destinations exactly once, each row's
+    destination its own; the broker has nothing left."""
+    url = request.getfixturevalue(kind).url("stomp")
+    dests = ["/queue/" + unique_name("kill-a"), "/queue/" + unique_name("kill-b")]
+    count = 2500
+    publish_stomp(url, dests, count)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+
+    def start(mode: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), url, ",".join(dests), ack_mode, log, out, ckpt, mode,
+                                 result], stdout=child_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    kills = attempts = 0
+    with open(tmp_path / "children.log", "w") as child_log:
+        while kills < 3 and attempts < 8:
+            attempts += 1
+            before = _batches(Path(ckpt), "commits")
+            proc = start("stream")
+            try:
+                deadline = time.monotonic() + 180
+                while _batches(Path(ckpt), "commits") <= before and time.monotonic() < deadline:
+                    if proc.poll() is not None:
+                        pytest.fail(f"child query exited early ({proc.returncode}); see {tmp_path}/children.log")
+                    time.sleep(0.1)
+                assert _batches(Path(ckpt), "commits") > before, "no batch committed within 180s"
+                deadline = time.monotonic() + 60
+                while (_batches(Path(ckpt), "offsets") <= _batches(Path(ckpt), "commits")
+                       and time.monotonic() < deadline):
+                    time.sleep(0.01)
+            finally:
+                _kill_group(proc)
+            kills += _batches(Path(ckpt), "offsets") > _batches(Path(ckpt), "commits")
+        assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
+        proc = start("final")
+        try:
+            proc.wait(400)
+        finally:
+            _kill_group(proc)
+    got = json.loads(Path(result).read_text())
+    assert got["error"] is None, got["error"]
+    bodies = [b for b, _ in got["rows"]]
+    assert len(bodies) == 2 * count, f"{len(bodies)} rows for {2 * count} messages"
+    assert sorted(bodies) == sorted(b.decode() for b in expected(dests, count))
+    assert all(d == b.split("|")[0] for b, d in got["rows"])
+    assert leftovers_stomp(url, dests) == []
