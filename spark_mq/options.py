@@ -36,6 +36,10 @@ API (stable; extend it, do not change it)::
 Value syntax: BOOL ``true/false/yes/no/1/0``; SIZE ``1048576``, ``64k``, ``16MiB``, ``1g``;
 DURATION seconds, or with a unit: ``250ms``, ``5s``, ``2m``, ``1h``; LIST comma-separated;
 JSON a JSON object (for queue arguments).
+
+Above 500 lines (about 570): most of it is the option declarations themselves, each with the text
+of its generated reference (docs/options.md); splitting them by format would scatter options that
+several formats share.
 """
 
 from __future__ import annotations
@@ -440,7 +444,8 @@ SOURCE_OPTIONS = define(
         "Stream reads: consumers (connections) competing for the queue, destination or Malamute service, each "
         "an independent ingest feeding its own lane of the source log (logLocation/lane-<i>; order is kept within "
         "a lane only). Fixed for a logLocation once written. Read limits and maxUncommittedMessages/Bytes hold for "
-        "all lanes together (docs/sources.md, \"Several consumers\"). Batch reads and Malamute streams and "
+        "all lanes together (docs/sources.md, \"Several consumers\"). Malamute 'streams' are shared out: stream i "
+        "to lane i mod consumers (at most one consumer per stream). Batch reads, a single Malamute stream and "
         "mailboxes take 1 only.")),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
                formats={AMQP08, STOMP}, directions=_SRC, doc=(

@@ -94,7 +94,8 @@ def check_layout(location: str, consumers: int) -> None:
 def lane_options(opts: Options, lane: int, consumers: int) -> Options:
     """A lane's options: its log location, its share of the log's bounds (back-pressure holds for the
     query as a whole: the lanes together hold at most ``maxUncommittedMessages``/``Bytes``), and its
-    own Malamute address where one is given (two clients cannot share one)."""
+    own Malamute address where one is given (two clients cannot share one), and of Malamute
+    ``streams``, its own share (stream ``i`` to lane ``i mod N``: a stream gives each reader every message)."""
     if consumers == 1:
         return opts
     changes = {"logLocation": lane_location(opts.logLocation, lane),
@@ -102,6 +103,9 @@ def lane_options(opts: Options, lane: int, consumers: int) -> Options:
                "maxUncommittedBytes": max(1, math.ceil(opts.maxUncommittedBytes / consumers))}
     if opts.get("address"):
         changes["address"] = f"{opts.address}-lane-{lane}"
+    if opts.get("streams"):
+        # a Malamute stream delivers every message to each reader: each lane reads streams of its own
+        changes["streams"] = dict(list(opts.streams.items())[lane::consumers])
     return opts.replace(**changes)
 
 

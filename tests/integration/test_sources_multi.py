@@ -265,10 +265,12 @@ def test_stomp_stream_over_two_destinations(spark, request, unique_name, tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_malamute_stream_over_two_streams(spark, malamute_broker, unique_name, tmp_path):
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_malamute_stream_over_two_streams(spark, malamute_broker, unique_name, tmp_path, consumers):
+    """One client reading both streams, or (consumers=2) one lane per stream."""
     streams = [unique_name("weather"), unique_name("alerts")]
     df = (spark.readStream.format("malamute").option("uri", malamute_broker.endpoint)
-          .option("streams", json.dumps({streams[0]: "^temp", streams[1]: ""}))
+          .option("streams", json.dumps({streams[0]: "^temp", streams[1]: ""})).option("consumers", consumers)
           .option("logLocation", str(tmp_path / "log")).load())
     q = (df.select("body", "destination", "offset", "subject").writeStream.format("memory").queryName("multi_mlm")
          .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
@@ -299,8 +301,14 @@ def test_malamute_stream_over_two_streams(spark, malamute_broker, unique_name, t
     finally:
         q.stop()
     rows = spark.sql("select body, destination, offset from multi_mlm").collect()
+    spark.catalog.dropTempView("multi_mlm")
     assert sorted(r.body for r in rows) == sorted(want)
-    assert sorted(r.offset for r in rows) == list(range(len(want)))
+    if consumers == 1:
+        assert sorted(r.offset for r in rows) == list(range(len(want)))
+    else:  # offsets are positions in each lane's log, and each lane reads one stream
+        for stream in streams:
+            mine = [r.offset for r in rows if r.destination == stream]
+            assert sorted(mine) == list(range(len(mine))), stream
     for r in rows:
         assert r.destination == r.body.split(b"|")[0].decode(), (r.destination, r.body)
 

@@ -149,6 +149,24 @@ def test_lane_options_share_the_bounds_and_the_address():
     assert lane_options(opts, 0, 1) is opts
 
 
+def test_lane_options_share_out_malamute_streams():
+    import json
+    streams = {"a": "^x", "b": "", "c": "y"}
+    opts = _opts("malamute", streams=json.dumps(streams), consumers=2)
+    lanes = [lane_options(opts, i, 2) for i in range(2)]
+    assert lanes[0].streams == {"a": "^x", "c": "y"} and lanes[1].streams == {"b": ""}
+    merged = {**lanes[0].streams, **lanes[1].streams}
+    assert merged == streams  # every stream read, each by one lane only
+
+
+def test_more_consumers_than_malamute_streams_fail_naming_both():
+    import json
+    from spark_mq.sources.formats.malamute import validate
+    with pytest.raises(OptionError, match="'consumers' is 3.*'streams' names 2 streams"):
+        validate(_opts("malamute", streams=json.dumps({"a": "", "b": ""}), consumers=3))
+    validate(_opts("malamute", streams=json.dumps({"a": "", "b": ""}), consumers=2))
+
+
 @pytest.mark.parametrize("what", ["stream", "mailbox"])
 def test_a_malamute_stream_or_mailbox_refuses_several_consumers(what):
     from spark_mq.sources.formats.malamute import validate

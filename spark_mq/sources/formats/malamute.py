@@ -73,7 +73,12 @@ def validate(opts: Options) -> None:
     if opts.get("mailbox") and opts.get("address") and opts.address != opts.mailbox:
         raise OptionError("options 'mailbox' and 'address' contradict each other: a mailbox is read as its address")
     consumers = opts.get("consumers") or 1
-    if consumers > 1 and not opts.get("service"):
+    shared_out = opts.get("streams") or {}
+    if consumers > 1 and shared_out and len(shared_out) < consumers:
+        raise OptionError(f"option 'consumers' is {consumers}, but option 'streams' names {len(shared_out)} stream"
+                          f"{'s' if len(shared_out) != 1 else ''}: each consumer (lane) reads streams of its own (a "
+                          f"stream gives every reader each message), so at most {len(shared_out)} consumers")
+    if consumers > 1 and not opts.get("service") and not shared_out:
         what = "stream" if opts.get("stream") else "mailbox"
         why = ("a Malamute stream delivers every message to each of its consumers, so each lane would log all of "
                "them" if what == "stream" else
