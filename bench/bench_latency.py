@@ -19,6 +19,10 @@ then ``--seconds`` measured; the rows sent in the measured window must all arriv
 p99.9 and max of the latency, the ratio of p50 and p99 to the floor's, the batches and their mean
 spacing, and the median of Spark's own per-batch durations (``durationMs`` of the progress reports).
 
+Each row is also measured with the options of each of ``VARIANTS`` (``--variants=a=b;c=d,...``),
+right after the defaults: ``endGroupAtPlan=false`` is the ingest as it was before a repeating
+trigger's planning ended the group being gathered, so before and after compare in one run.
+
     python -m bench latency                       # 10 s warm-up + 45 s per case, every row
     python -m bench latency --seconds=10 --warmup=5 --only=malamute   # a quick look (partial: no file)
     python -m bench latency --opts=malamute:fsyncInterval=0.01        # an option on a row (partial)
@@ -44,6 +48,9 @@ SECONDS = 45.0     # measured per case
 WARMUP = 10.0      # seconds per case before the measured window
 BODY = 100         # bytes per body: the send time as text, padded with spaces
 PLACEMENTS = ("driver",)   # ingest placements: the driver-side reader process (the only one so far)
+# Option sets measured beside the defaults, per row (key ``<row>/<placement>/<variant>``): the
+# behaviour before planning ended the group being gathered (issue 45), so the two compare in one run
+VARIANTS = ("endGroupAtPlan=false",)
 TARGET_P50 = 1.25  # issue 45: p50 within 1.25x of the floor ...
 TARGET_P99 = 1.5   # ... and p99 within 1.5x
 FLOOR = "floor"
@@ -221,23 +228,31 @@ def _duration_medians(progress: list, begin: float, end: float) -> dict:
 def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float, warmup: float) -> dict:
     """One case: start the query (``reader(t0, end)`` gives its streaming DataFrame), then the
     producer (``(kind, uri, dest)``, None for the floor), and measure the rows sent in the window."""
+    from bench.common import ProcessCpu
+
     scratch = tempfile.mkdtemp(prefix="bench-latency-")
     rec = Recorder()
+    cpu = ProcessCpu()
     try:
         t0 = time.time() + 3.0  # the producer's start: the query is running by then
         begin, end = t0 + warmup, t0 + warmup + seconds
         df = reader(t0, end, os.path.join(scratch, "log"))
         q = (df.writeStream.foreachBatch(rec).option("checkpointLocation", os.path.join(scratch, "ckpt"))
              .queryName(f"latency-{row.replace('/', '-')}").start())
+        proc = None
         try:
             if producer is not None:
                 kind, uri, dest = producer
-                out = subprocess.run([sys.executable, "-m", "bench.bench_latency", "--produce", json.dumps(
-                    [kind, uri, dest, t0, begin, end, RATE])], cwd=ROOT, capture_output=True, text=True,
-                    timeout=warmup + seconds + 120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-                if out.returncode:
-                    raise RuntimeError(f"{row}: the producer failed: {out.stderr[-2000:]}")
-                sent = json.loads(out.stdout.strip().splitlines()[-1])
+                proc = subprocess.Popen([sys.executable, "-m", "bench.bench_latency", "--produce", json.dumps(
+                    [kind, uri, dest, t0, begin, end, RATE])], cwd=ROOT, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            time.sleep(max(0.0, begin - time.time()))
+            cpu.__enter__()  # CPU by process over the measured window (and the wait for its last rows)
+            if proc is not None:
+                stdout, stderr = proc.communicate(timeout=warmup + seconds + 120)
+                if proc.returncode:
+                    raise RuntimeError(f"{row}: the producer failed: {stderr[-2000:]}")
+                sent = json.loads(stdout.strip().splitlines()[-1])
             else:
                 time.sleep(max(0.0, end - time.time()))
                 sent = {"sent": int((end - t0) * RATE), "in_window": None, "late_10ms": 0}
@@ -251,6 +266,11 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
                     break
                 time.sleep(0.2)
         finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if cpu._thread.is_alive():
+                cpu.__exit__(None, None, None)
             q.stop()
         progress = q.recentProgress
     finally:
@@ -264,7 +284,8 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
               "batches": len(batches), "rows_per_batch": round(statistics.fmean(b[3] for b in batches), 1) if batches else 0,
               "batch_spacing_ms": round(1000 * (calls[-1] - calls[0]) / (len(calls) - 1), 1) if len(calls) > 1 else None,
               "collect_ms_median": round(1000 * statistics.median(b[2] - b[1] for b in batches), 1) if batches else None,
-              "spark_duration_ms_median": _duration_medians(progress, begin, end)}
+              "spark_duration_ms_median": _duration_medians(progress, begin, end),
+              "cpu_cores": {k: round(v / seconds, 3) for k, v in cpu.seconds.items()}}
     return {"row": row, "samples": lat, **result}
 
 
@@ -296,6 +317,7 @@ def main(argv: list) -> dict:
     warmup = _arg(argv, "warmup", WARMUP)
     only = _arg(argv, "only", None, str)
     extra = _row_options(argv)
+    variants = tuple(v for v in _arg(argv, "variants", ",".join(VARIANTS), str).split(",") if v)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from bench.common import harness, integration_module, write_results
@@ -332,30 +354,30 @@ def main(argv: list) -> dict:
             return spark.readStream.format(fmt).options(**options).option("logLocation", log).load()
         return make
 
+    def endpoint(row: str, dest: str) -> tuple:
+        """(source options, producer) of a row, on destination ``dest``."""
+        if row == "amqp08":
+            return {"uri": rabbit.url("amqp"), "queue": dest}, ("amqp08", rabbit.url("amqp"), dest)
+        if row in ("stomp", "stomp-activemq"):
+            uri = rabbit.url("stomp") if row == "stomp" else f"stomp://127.0.0.1:{activemq.stomp_port}"
+            return {"uri": uri, "destination": "/queue/" + dest}, ("stomp", uri, "/queue/" + dest)
+        return {"uri": mlm.endpoint, "mailbox": dest}, ("malamute", mlm.endpoint, dest)
+
     cases: list = [(FLOOR, floor_reader, None)]
     for row in formats:
-        fmt = row.split("-")[0]
         for placement in PLACEMENTS:
-            dest = f"latency-{row}-{uuid.uuid4().hex[:6]}"
-            if row == "amqp08":
-                uri, options, producer = rabbit.url("amqp"), {"queue": dest}, ("amqp08", rabbit.url("amqp"), dest)
-            elif row == "stomp":
-                uri = rabbit.url("stomp")
-                options, producer = {"destination": "/queue/" + dest}, ("stomp", uri, "/queue/" + dest)
-            elif row == "stomp-activemq":
-                uri = f"stomp://127.0.0.1:{activemq.stomp_port}"
-                options, producer = {"destination": "/queue/" + dest}, ("stomp", uri, "/queue/" + dest)
-            else:
-                uri, options, producer = mlm.endpoint, {"mailbox": dest}, ("malamute", mlm.endpoint, dest)
-            key = f"{row}/{placement}"
-            options = {"uri": uri, **options, **extra.get(row, {}), **extra.get(key, {})}
-            cases.append((key, source_reader(fmt, options), producer))
+            for variant in ("",) + variants:  # the defaults, then each variant, one after the other
+                key = f"{row}/{placement}" + (f"/{variant}" if variant else "")
+                options, producer = endpoint(row, f"latency-{row}-{uuid.uuid4().hex[:6]}")
+                options.update(kv.split("=", 1) for kv in variant.split(";") if kv)
+                options.update({**extra.get(row, {}), **extra.get(key, {})})
+                cases.append((key, source_reader(row.split("-")[0], options), producer))
     cases.append((FLOOR, floor_reader, None))  # the floor again, last: the machine may have changed
 
     figures: dict = {"rate_msgs_per_s": RATE, "seconds": seconds, "warmup_seconds": warmup, "body_bytes": BODY,
                      "trigger": "default (none set)", "placements": list(PLACEMENTS),
                      "target": {"p50_ratio": TARGET_P50, "p99_ratio": TARGET_P99}, "rows": {},
-                     "options": extra, "load_before": os.getloadavg()}
+                     "options": extra, "variants": list(variants), "load_before": os.getloadavg()}
     floor_samples: list = []
     floor_runs: list = []
     try:
@@ -395,7 +417,8 @@ def main(argv: list) -> dict:
     print(f"{'floor (pooled)':22} {'-':9} {floor['p50_ms']:7.0f} {floor['p99_ms']:7.0f} {floor['max_ms']:7.0f} "
           f"{1:6.2f} {1:6.2f}")
     for key, row in figures["rows"].items():
-        fmt, placement = key.split("/")
+        fmt, placement, *variant = key.split("/")
+        fmt = fmt + (f" ({variant[0]})" if variant else "")
         print(f"{fmt:22} {placement:9} {row['p50_ms']:7.0f} {row['p99_ms']:7.0f} {row['max_ms']:7.0f} "
               f"{row['p50_ratio']:6.2f} {row['p99_ratio']:6.2f} {row['batches']:7d} {row['batch_spacing_ms'] or 0:8.0f}")
     print(f"target: p50 <= x{TARGET_P50} and p99 <= x{TARGET_P99} of the floor")
@@ -406,8 +429,8 @@ def main(argv: list) -> dict:
          f"x{row['p50_ratio']:.2f} / x{row['p99_ratio']:.2f} of the floor (a Python source with no broker "
          f"and no log: p50 {floor['p50_ms']:.0f}, p99 {floor['p99_ms']:.0f} ms)",
          f"p50 <= x{TARGET_P50}, p99 <= x{TARGET_P99}")
-        for key, row in figures["rows"].items()]
-    partial = bool(only) or bool(extra) or seconds != SECONDS or warmup != WARMUP
+        for key, row in figures["rows"].items() if key.count("/") == 1]
+    partial = bool(only) or bool(extra) or seconds != SECONDS or warmup != WARMUP or variants != VARIANTS
     write_results("latency", figures, partial=partial)
     return figures
 

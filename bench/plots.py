@@ -504,7 +504,8 @@ def latency_section() -> list[str]:
     lines.append(f"| floor (pooled) | - | {floor['p50_ms']:.0f} | {floor['p99_ms']:.0f} | {floor['max_ms']:.0f} | "
                  "1.00 | 1.00 | | | | | |")
     for key, row in r["rows"].items():
-        fmt, placement = key.split("/")
+        fmt, placement, *variant = key.split("/")
+        fmt += f" (`{variant[0]}`)" if variant else ""
         lines.append(f"| {fmt} | {placement} | {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['max_ms']:.0f} | "
                      f"{row['p50_ratio']:.2f} | {row['p99_ratio']:.2f} | {row['batches']} | "
                      f"{row['batch_spacing_ms']:.0f} | {spark(row, 'latestOffset')} | {spark(row, 'addBatch')} | "
