@@ -234,11 +234,20 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
     rec = Recorder()
     cpu = ProcessCpu()
     try:
-        t0 = time.time() + 3.0  # the producer's start: the query is running by then
+        t0 = time.time() + 3.0  # the floor's clock starts then (the query is running by then)
         begin, end = t0 + warmup, t0 + warmup + seconds
         df = reader(t0, end, os.path.join(scratch, "log"))
         q = (df.writeStream.foreachBatch(rec).option("checkpointLocation", os.path.join(scratch, "ckpt"))
              .queryName(f"latency-{row.replace('/', '-')}").start())
+        if producer is not None:
+            # the producer starts once the query has run its first batch: on a loaded machine a query's
+            # start took over 10 s, and the backlog sent meanwhile was still draining in the window
+            # (malamute's p99 of 6.5-7.2 s in the run of 2026-11-29T02:05Z)
+            deadline = time.time() + 120
+            while q.lastProgress is None and q.exception() is None and time.time() < deadline:
+                time.sleep(0.1)
+            t0 = time.time() + 1.0
+            begin, end = t0 + warmup, t0 + warmup + seconds
         proc = None
         try:
             if producer is not None:
@@ -286,6 +295,10 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
               "collect_ms_median": round(1000 * statistics.median(b[2] - b[1] for b in batches), 1) if batches else None,
               "spark_duration_ms_median": _duration_medians(progress, begin, end),
               "cpu_cores": {k: round(v / seconds, 3) for k, v in cpu.seconds.items()}}
+    if os.environ.get("BENCH_LATENCY_TRACE"):
+        for sec in range(int(t0), int(end) + 1):
+            xs = [l for s_, l in rec.samples if sec <= s_ < sec + 1]
+            print(f"  {sec - begin:+.0f}s: {len(xs)} rows, max {max(xs) * 1000 if xs else 0:.0f} ms")
     return {"row": row, "samples": lat, **result}
 
 
@@ -382,7 +395,7 @@ def main(argv: list) -> dict:
     floor_runs: list = []
     try:
         # unmeasured: the session's first streaming query (JIT, Python workers) runs at a fraction of the pace
-        run_case(spark, "warm-up", floor_reader, None, 5.0, warmup)
+        run_case(spark, "warm-up", floor_reader, None, 30.0, warmup)
         for key, reader, producer in cases:
             out = run_case(spark, key, reader, producer, seconds, warmup)
             samples = out.pop("samples")
