@@ -230,6 +230,10 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
     producer (``(kind, uri, dest)``, None for the floor), and measure the rows sent in the window."""
     from bench.common import ProcessCpu
 
+    if producer is not None and producer[0] == "amqp08":
+        from spark_mq.clients.amqp08 import Connection
+        with Connection.from_url(producer[1]) as conn:
+            conn.channel().queue_declare(producer[2], durable=True)
     scratch = tempfile.mkdtemp(prefix="bench-latency-")
     rec = Recorder()
     cpu = ProcessCpu()
@@ -240,6 +244,7 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
         q = (df.writeStream.foreachBatch(rec).option("checkpointLocation", os.path.join(scratch, "ckpt"))
              .queryName(f"latency-{row.replace('/', '-')}").start())
         if producer is not None:
+            # (an AMQP queue is declared first: the source consumes from an existing queue)
             # the producer starts once the query has run its first batch: on a loaded machine a query's
             # start took over 10 s, and the backlog sent meanwhile was still draining in the window
             # (malamute's p99 of 6.5-7.2 s in the run of 2026-11-29T02:05Z)
