@@ -299,6 +299,8 @@ def run_case(spark, row: str, reader, producer: Optional[tuple], seconds: float,
               "batch_spacing_ms": round(1000 * (calls[-1] - calls[0]) / (len(calls) - 1), 1) if len(calls) > 1 else None,
               "collect_ms_median": round(1000 * statistics.median(b[2] - b[1] for b in batches), 1) if batches else None,
               "spark_duration_ms_median": _duration_medians(progress, begin, end),
+              # cores by process kind (bench.common: by command line, so on a shared machine other
+              # sessions' JVMs and brokers count too: the floor's "broker" is theirs)
               "cpu_cores": {k: round(v / seconds, 3) for k, v in cpu.seconds.items()}}
     if os.environ.get("BENCH_LATENCY_TRACE"):
         for sec in range(int(t0), int(end) + 1):
