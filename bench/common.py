@@ -76,6 +76,8 @@ def _kind_of(pid: int, cmdline: bytes, me: int) -> str | None:
     """Which part of a benchmark run a process is (None: not ours to count)."""
     if pid == me:
         return "driver"
+    if b"--produce" in cmdline and b"bench.bench_latency" in cmdline:
+        return "producer"        # bench latency's paced producer
     if b"python_streaming_source_runner" in cmdline:
         return "reader"          # the driver-side reader process: the ingest thread and the client
     if b"malamute_broker" in cmdline or b"beam.smp" in cmdline or b"activemq" in cmdline:

@@ -356,6 +356,7 @@ def page() -> str:
         "| the ingest alone (diagnostic) | `./dev bench ingest` | our raw client consuming the same preloaded count |",
         "| Malamute receive path (diagnostic) | `./dev bench zmtp` | the pyzmq DEALER our ZMTP DEALER replaced, same broker and mails (ours both plain and as the source drives it) |",
         "| writes during an fsync (diagnostic) | `./dev bench fsync` | the same appends with nothing beside them |",
+        "| latency | `./dev bench latency` | the floor: a Python streaming source with no broker and no log, same run |",
         "",
         "## All figures",
         "",
@@ -464,7 +465,58 @@ def page() -> str:
     parts += cpu_section()
     parts += ingest_section()
     parts += ingest_memory_section()
+    parts += latency_section()
     return "\n".join(parts)
+
+
+def latency_section() -> list[str]:
+    """Publish-to-foreachBatch latency (``bench latency``): every row beside the floor of the same run."""
+    r = _load("latency")
+    if not r:
+        return []
+    floor = r["floor"]
+    lines = [
+        "## Latency",
+        "",
+        f"`./dev bench latency`: a producer sends {r['rate_msgs_per_s']:,} messages a second, each body carrying",
+        "its send time, to a streaming query with the default trigger whose `foreachBatch` collects the batch",
+        "and records, per row, the time it saw the row minus the send time; "
+        f"{r['seconds']:g} s measured per case after {r['warmup_seconds']:g} s of warm-up. The floor is a Python",
+        "streaming source with no broker and no log whose rows carry the time they became available, measured",
+        "the same way first and last in the same run (its rows pooled). *every ms*: the mean spacing of the",
+        "batches; the Spark columns are medians of the batches' `durationMs` (`latestOffset`: the source's",
+        "offset call; `addBatch`: the `foreachBatch` function, its collect included; `triggerExecution`: the",
+        "whole batch).",
+        "",
+        "| row | ingest | p50 ms | p99 ms | max ms | x floor p50 | x floor p99 | batches | every ms |"
+        " latestOffset ms | addBatch ms | triggerExecution ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def spark(row, part):
+        v = row.get("spark_duration_ms_median", {}).get(part)
+        return f"{v:.0f}" if v is not None else "-"
+
+    for i, run in enumerate(floor["runs"]):
+        lines.append(f"| floor ({'first' if i == 0 else 'last'}) | - | {run['p50_ms']:.0f} | {run['p99_ms']:.0f} | "
+                     f"{run['max_ms']:.0f} | | | {run['batches']} | {run['batch_spacing_ms']:.0f} | "
+                     f"{spark(run, 'latestOffset')} | {spark(run, 'addBatch')} | {spark(run, 'triggerExecution')} |")
+    lines.append(f"| floor (pooled) | - | {floor['p50_ms']:.0f} | {floor['p99_ms']:.0f} | {floor['max_ms']:.0f} | "
+                 "1.00 | 1.00 | | | | | |")
+    for key, row in r["rows"].items():
+        fmt, placement, *variant = key.split("/")
+        fmt += f" (`{variant[0]}`)" if variant else ""
+        lines.append(f"| {fmt} | {placement} | {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['max_ms']:.0f} | "
+                     f"{row['p50_ratio']:.2f} | {row['p99_ratio']:.2f} | {row['batches']} | "
+                     f"{row['batch_spacing_ms']:.0f} | {spark(row, 'latestOffset')} | {spark(row, 'addBatch')} | "
+                     f"{spark(row, 'triggerExecution')} |")
+    lines += [
+        "",
+        f"Target (issue 45): p50 within x{r['target']['p50_ratio']} and p99 within x{r['target']['p99_ratio']} of"
+        " the floor. Where the time goes and what tunes it: [performance.md](performance.md#latency).",
+        "",
+    ]
+    return lines
 
 
 def check() -> list[str]:

@@ -491,6 +491,11 @@ SOURCE_OPTIONS = define(
                doc="Back-pressure: pause consuming while the unprocessed log holds this many body bytes."),
     OptionSpec("fsyncInterval", OptionType.DURATION, default=0.05, minimum=0, directions=_SRC,
                doc="Group messages for this long before one append+fsync (and, in durable mode, one ack)."),
+    OptionSpec("endGroupAtPlan", OptionType.BOOL, default=True, directions=_SRC, doc=(
+        "Repeating triggers: when Spark plans a batch, the group being gathered (see fsyncInterval) ends, "
+        "is appended and fsynced, and goes into that batch; the offset call waits for that fsync. False: "
+        "the batch takes only groups already durable, and messages received meanwhile wait for the next "
+        "batch (up to a whole batch interval more of latency; docs/performance.md, Latency).")),
     OptionSpec("fsyncMessages", OptionType.INT, default=20_000, minimum=1, directions=_SRC,
                doc="Append+fsync at most this many messages at once."),
     OptionSpec("fsyncBytes", OptionType.SIZE, default=1 << 20, minimum=1, directions=_SRC, doc=(

@@ -50,6 +50,8 @@ _AVAILABLE_NOW_WAIT = 120.0    # longest an availableNow latestOffset waits for 
 _SILENT_PLAN = 0.1             # seconds without deliveries after which availableNow plans what it has
 _OVERLAP_MIN = 1.0             # availableNow mid-drain: a batch at least this many seconds after the last ...
 _OVERLAP_SHARE = 0.25          # ... and after this share of the drain so far (see _available_now_ready)
+_CUT_SLICE = 0.005             # seconds: how often a group being gathered checks whether Spark plans (gather)
+_PLAN_WAIT = 0.5               # longest a repeating trigger's latestOffset waits for the group being gathered
 # ``dbfs:/path``, ``s3:/bucket``: a scheme and one slash. Not a filesystem URI for pyarrow (which needs
 # ``scheme://``), and as a local path it would be a directory named ``dbfs:`` under the driver's working
 # directory, which executors cannot read.
@@ -83,20 +85,29 @@ def check_trigger_limits(fmt: str, opts: Options) -> None:
 
 
 def gather(out: list, receive: Callable[[int, float], list], max_count: int,
-           timeout: float) -> Optional[BaseException]:
+           timeout: float, cut: Optional[Callable[[], bool]] = None) -> Optional[BaseException]:
     """Extend a poll's first deliveries ``out`` with ``receive(count, seconds)`` until ``max_count``,
     ``timeout`` or an empty receive. A connection lost meanwhile is returned, not raised: what was
     gathered is the ingest's to take (unacked, the broker redelivers it; in auto mode the broker has
-    already forgotten it), and the consumer raises the error at its next poll."""
+    already forgotten it), and the consumer raises the error at its next poll.
+
+    With ``cut`` (``Consumer.cut``, set by the ingest) the gathering also ends as soon as ``cut()``
+    is true (Spark is planning a batch: the group goes to the log now, and into that batch); it is
+    checked between receives, which then wait at most ``_CUT_SLICE`` each (an empty one goes on
+    waiting until ``timeout``, as one long receive would)."""
     deadline = time.monotonic() + timeout
     try:
         while len(out) < max_count:
+            if cut is not None and cut():
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            more = receive(max_count - len(out), left)
+            more = receive(max_count - len(out), left if cut is None else min(left, _CUT_SLICE))
             if not more:
-                break
+                if cut is None:
+                    break
+                continue
             out.extend(more)
     except (SparkMqError, OSError) as exc:
         return exc
@@ -192,6 +203,13 @@ class MQStreamReader(DataSourceStreamReader):
         if one_batch:
             self._first_batch_of_one_batch_triggers(lanes, s)
             limited = False  # the whole backlog present at start, as a once/availableNow batch needs
+        elif not first_call and not ing.available_now and self.opts.endGroupAtPlan:
+            # A repeating trigger: what the ingest has received by now goes into this batch. The
+            # group being gathered (up to fsyncInterval) ends now and is made durable, and the
+            # answer waits for that (an append and an fsync), not for the rest of the interval:
+            # without it a delivery missed the batch planned during its group's gathering and
+            # waited for the next one (docs/performance.md, "Latency").
+            lanes.end_group_for_plan(_PLAN_WAIT)
         elif first_call:
             if not lanes.available_now:
                 # availableNow plans by its own rule below; this wait would hold its first batch

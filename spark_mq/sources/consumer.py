@@ -13,7 +13,7 @@ when the connection fails, and the ingest replaces it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ["Consumer"]
 
@@ -40,6 +40,9 @@ class Consumer(ABC):
     #: in durable mode on a local fsynced log, the flusher thread fsyncs each group and acks it as soon
     #: as it is durable, while the ingest gathers the next (the broker wakes at acks: ActiveMQ)
     ack_when_durable: bool = False
+    #: set by the ingest: true when the group being gathered should end now (Spark is planning a
+    #: batch); a ``poll`` that gathers checks it between receives (``spark_mq.sources.base.gather``)
+    cut: Optional[Callable[[], bool]] = None
 
     @abstractmethod
     def poll(self, max_count: int, timeout: float) -> list:

@@ -26,7 +26,7 @@ durable mode on ActiveMQ, acknowledge them); Spark's thread plans (``figures``, 
 availableNow) and commits (``processed``, ``commit``). ``_consumer_lock`` guards the consumer, its
 generation and the commit-mode acks; ``_cond`` wakes Spark's thread.
 
-Above 500 lines (about 530): the loop and the three ack modes stay together, as they share the
+Above 500 lines (about 580): the loop and the three ack modes stay together, as they share the
 consumer, its generation and the commit-mode acks under one lock.
 """
 
@@ -120,6 +120,11 @@ class Ingest:
         self.first_poll_done = False
         self._progress = False                 # the current session has taken a group (see ReconnectPolicy)
         self.planned_end = 0                   # the highest end offset handed to Spark
+        # Spark's planning asks the group being gathered to end now (end_group_for_plan)
+        self._cuts = 0                         # asked so far
+        self._cuts_at_poll = 0                 # asked when the current poll began
+        self._cut_mark = (0, 0)                # (asked before the last group ended, the log's head after it)
+        self._gathering = False                # a poll holds deliveries not yet appended
         try:
             self._redeliveries.load(self.log)
         except BaseException:
@@ -150,6 +155,7 @@ class Ingest:
             self._sizer.cap(cap)
         if consumer.ack_when_durable and self.ack_mode == "durable":
             self._wb.ack_after_fsync()
+        consumer.cut = self._cut_asked
 
     def hold_until_resumed(self) -> None:
         """Before ``start``: where the log holds no message (new, wiped, or all committed), take
@@ -297,29 +303,75 @@ class Ingest:
         if consumer.builds_batches:  # the consumer builds the group's batch itself (Malamute: no acks)
             started = time.monotonic()
             count, batch = consumer.poll_batch(self._sizer.count, wait, self.log.head)
+            cuts = self._cuts
             if not count:
                 self._nothing_came(consumer, started, wait)
                 return
             self.last_message = self._polled_at = time.monotonic()
             self.consumed += count
             self._wb.durable_later(self._append([batch], count), self._generation, None)
+            self._group_ended(cuts)
             self._progress = True
             an.maybe_fix(consumer, quiet_ok=False)
             return
         started = time.monotonic()
-        msgs = consumer.poll(self._sizer.count, wait)
-        if not msgs:
-            self._nothing_came(consumer, started, wait)
-            return
-        self.last_message = self._polled_at = time.monotonic()
-        while msgs:
-            try:
-                self._take(consumer, msgs)
-                break
-            except PoisonDelivery as poison:
-                msgs = self._poisoned(consumer, msgs, poison)  # raises unless it was dead-lettered
+        self._cuts_at_poll = self._cuts
+        try:
+            msgs = consumer.poll(self._sizer.count, wait)
+            cuts = self._cuts  # every cut asked so far is served by this group (or had nothing to end)
+            if not msgs:
+                self._group_ended(cuts)
+                self._nothing_came(consumer, started, wait)
+                return
+            self._gathering = True
+            self.last_message = self._polled_at = time.monotonic()
+            while msgs:
+                try:
+                    self._take(consumer, msgs)
+                    break
+                except PoisonDelivery as poison:
+                    msgs = self._poisoned(consumer, msgs, poison)  # raises unless it was dead-lettered
+        finally:
+            self._gathering = False
+        self._group_ended(cuts)
         self._progress = True
         an.maybe_fix(consumer, quiet_ok=False)
+
+    def _cut_asked(self) -> bool:
+        """``Consumer.cut``: whether Spark asked, since this poll began, for the group to end now."""
+        self._gathering = True
+        return self._cuts != self._cuts_at_poll
+
+    def _group_ended(self, cuts: int) -> None:
+        """A poll's group is in the log (or the poll had none): the cuts asked before ``cuts`` are served."""
+        served = self._cut_mark[0]
+        self._cut_mark = (cuts, self.log.head)
+        if cuts != served:
+            self._notify()
+
+    def end_group_for_plan(self, timeout: float) -> None:
+        """Spark plans a batch (a repeating trigger): the group the ingest is gathering ends now, and
+        this waits, at most ``timeout``, until it and every group appended before are durable, so
+        that the batch takes what was received before the call. An ingest waiting for a first
+        delivery holds nothing: then only the groups already appended are waited for."""
+        self.wait_for(self.cut_for_plan(), timeout)
+
+    def cut_for_plan(self) -> Callable[[], bool]:
+        """``end_group_for_plan``'s request without its wait: the group being gathered ends now; the
+        returned predicate says when it (and what came before) is durable. (Several lanes ask every
+        lane first, then wait for each.)"""
+        head = self.log.head
+        with self._cond:
+            self._cuts += 1
+            asked = self._cuts
+
+        def ready() -> bool:
+            served, served_head = self._cut_mark
+            if served >= asked:
+                return self.log.durable_head >= served_head
+            return not self._gathering and self.log.durable_head >= head
+
+        return ready
 
     def _take(self, consumer, msgs: list) -> None:
         """Log a group of deliveries (dropping redeliveries of what the log holds) and arrange their

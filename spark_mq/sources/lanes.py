@@ -233,6 +233,12 @@ class Lanes:
         for ing in self.ingests:
             ing.stop()
 
+    def end_group_for_plan(self, timeout: float) -> None:
+        """``Ingest.end_group_for_plan`` over every lane: each lane's group ends now, then this waits
+        (``timeout`` in all) until all of them are durable."""
+        readies = [ing.cut_for_plan() for ing in self.ingests]
+        self.wait_for(lambda: all(ready() for ready in readies), timeout)
+
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``predicate()`` (over any lanes), raising any lane's error. The lanes share one
         condition, so any lane's news wakes this."""

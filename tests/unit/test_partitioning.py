@@ -64,6 +64,9 @@ class _Ingest:
     def resume_at(self, offset):
         pass
 
+    def end_group_for_plan(self, timeout):
+        pass  # nothing is being gathered
+
 
 def test_spark_before_4_2_first_offset_call_without_a_start_is_never_below_the_checkpoint():
     """Spark < 4.2 calls ``latestOffset()`` without a start. On a restart its checkpoint's last end

@@ -127,7 +127,7 @@ class Amqp08Consumer(Consumer):
             return []
         out = [first]
         out.extend(ch.drain(max_count - 1))
-        self._lost = gather(out, self._receive, max_count, timeout)
+        self._lost = gather(out, self._receive, max_count, timeout, self.cut)
         return out
 
     def _receive(self, count: int, timeout: float) -> list:

@@ -155,7 +155,7 @@ class StompConsumer(Consumer):
             raise self._lost
         out = self.client.receive_many(max_count, timeout)
         if out:
-            self._lost = gather(out, self.client.receive_many, max_count, timeout)
+            self._lost = gather(out, self.client.receive_many, max_count, timeout, self.cut)
         return out
 
     def row(self, frame, offset: int, now_us: int) -> tuple:
