@@ -203,7 +203,7 @@ class MQStreamReader(DataSourceStreamReader):
         if one_batch:
             self._first_batch_of_one_batch_triggers(lanes, s)
             limited = False  # the whole backlog present at start, as a once/availableNow batch needs
-        elif not first_call and not ing.available_now and self.opts.endGroupAtPlan:
+        elif not first_call and not lanes.available_now and self.opts.endGroupAtPlan:
             # A repeating trigger: what the ingest has received by now goes into this batch. The
             # group being gathered (up to fsyncInterval) ends now and is made durable, and the
             # answer waits for that (an append and an fsync), not for the rest of the interval:

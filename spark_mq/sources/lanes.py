@@ -236,8 +236,14 @@ class Lanes:
     def end_group_for_plan(self, timeout: float) -> None:
         """``Ingest.end_group_for_plan`` over every lane: each lane's group ends now, then this waits
         (``timeout`` in all) until all of them are durable."""
+        if self.n == 1:
+            return self.ingests[0].end_group_for_plan(timeout)
         readies = [ing.cut_for_plan() for ing in self.ingests]
-        self.wait_for(lambda: all(ready() for ready in readies), timeout)
+        def durable() -> bool:
+            return all(ready() for ready in readies)
+
+        if not durable():
+            self.wait_for(durable, timeout)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``predicate()`` (over any lanes), raising any lane's error. The lanes share one

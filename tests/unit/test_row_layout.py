@@ -36,7 +36,7 @@ def test_an_amqp08_row_puts_each_value_in_its_column():
     from spark_mq.sources.formats.amqp08 import Amqp08Consumer
 
     consumer = object.__new__(Amqp08Consumer)
-    consumer.queue, consumer.include_headers = "q", True
+    consumer.queue, consumer.include_headers, consumer.queue_of = "q", True, None  # one queue
     props = {name: name for name in ("message_id", "content_type", "content_encoding", "correlation_id", "reply_to",
                                      "expiration", "type", "user_id", "app_id", "cluster_id")}
     p = SimpleNamespace(timestamp=7, headers={"h": "v"}, delivery_mode=2, priority=5, **props)
@@ -51,7 +51,7 @@ def test_a_stomp_row_puts_each_value_in_its_column():
     from spark_mq.sources.formats.stomp import StompConsumer
 
     consumer = object.__new__(StompConsumer)
-    consumer.destination, consumer.include_headers = "/queue/q", False
+    consumer.destination, consumer.include_headers, consumer.destination_of = "/queue/q", False, None
     h = {"destination": "/queue/d", "message-id": "m1", "timestamp": "7", "redelivered": "true",
          "subscription": "s", "content-type": "ct", "correlation-id": "c", "reply-to": "r", "priority": "4",
          "expires": "99"}
