@@ -196,10 +196,13 @@ def test_amqp_cancel_and_channel_close_behind_unread_deliveries(rabbitmq, unique
         ch2.close(timeout=30)
         got += [m.body for m in ch2.drain()]
         left = control.queue_declare(queue, passive=True).message_count
-        assert 0 < len(got) < BACKLOG, len(got)
-        rest = conn.channel()
-        rest.basic_consume(queue, no_ack=True)
-        got += _amqp_take_all(rest, left)
+        # how much came before the cancel is the broker's pace: on a loaded machine all of it may
+        # (a fresh-clone run saw 20,000 of 20,000); what matters is that none is lost or repeated
+        assert 0 < len(got) <= BACKLOG and len(got) + left == BACKLOG, (len(got), left)
+        if left:
+            rest = conn.channel()
+            rest.basic_consume(queue, no_ack=True)
+            got += _amqp_take_all(rest, left)
         _assert_all(got)
         assert tag2 != tag
         control.queue_delete(queue)
