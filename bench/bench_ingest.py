@@ -1,14 +1,16 @@
 """The ingest alone, without Spark: the source's ingest thread draining a preloaded queue into a
-source log, next to the same protocol's raw client consuming the same count, in the same run.
+source log, next to the same protocol's raw client and the peer library users would otherwise reach
+for (pika, stomp.py) consuming the same count, in the same run.
 
 Why: ``bench sources`` measures the whole query, where the broker, the reader process, Spark's JVM
 and its Python workers share the machine's cores. This separates the ingest's own rate and CPU
 from Spark's, and splits the ingest thread's time into its stages, so a change to the ingest can be
 judged on its own.
 
-For each format (amqp08 and stomp on RabbitMQ, malamute on the embedded broker), body size (100 B,
-4 KiB) and variant (the source's default options, then each ``--variant``): preload N, time the raw
-client (``bench.bench_sources``'s) consuming and acknowledging them; preload N again, time an
+For each row (amqp08 and stomp on RabbitMQ, stomp on ActiveMQ, malamute on the embedded broker), body
+size (100 B, 4 KiB) and variant (the source's default options, then each ``--variant``): preload N, time
+the raw client (``bench.bench_sources``'s) consuming and acknowledging them, then the peer library where
+there is one (``bench.bench_sources``' pika and stomp.py consumers); preload N again, time an
 ``Ingest`` built as the stream reader builds it (default source options, a fresh ``logLocation``)
 from its start until all N are durable in the log, committing what is durable as it goes (as if
 Spark read every batch at once: the log never reaches its bound). The ingest thread's time is split
@@ -20,6 +22,7 @@ are per process, as in ``bench sources``: here the ingest runs in the benchmark'
 
     python -m bench ingest                               # ~10 minutes: COUNTS, variants "" and fsync=false
     python -m bench ingest --only=amqp08 --rounds=1 --variant=prefetch=4000
+    python -m bench ingest --only=stomp-activemq --variant=activemqGroup=100   # ActiveMQ's group size
     python -m bench ingest --memory                      # only the memory run with recurring bodies (~2 min)
 
 The memory run (also at the end of a full run; issue 43, item 11): the ingest drains 100,000 AMQP
@@ -46,7 +49,7 @@ import tempfile
 import time
 from collections import Counter
 
-from bench.bench_sources import _arg, only_formats, pairs, protocol_table
+from bench.bench_sources import _arg, format_of, only_formats, pairs, peer_table, protocol_table
 from bench.common import ProcessCpu, harness, settle, integration_module, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
@@ -54,6 +57,7 @@ from bench.common import ProcessCpu, harness, settle, integration_module, write_
 COUNTS = {
     "amqp08": {"100B": 200_000, "4KiB": 150_000},
     "stomp": {"100B": 200_000, "4KiB": 150_000},
+    "stomp-activemq": {"100B": 200_000, "4KiB": 150_000},
     "malamute": {"100B": 1_000_000, "4KiB": 300_000},
 }
 VARIANTS = ("", "fsync=false")  # the source's defaults, then without the log's fsyncs
@@ -63,6 +67,25 @@ DRAIN_TIMEOUT = 300.0
 
 def _variant(text: str) -> dict:
     return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+class _GroupOnActiveMQ:
+    """The variant ``activemqGroup=N``: the stomp source's group size on ActiveMQ (a constant of
+    ``spark_mq.sources.formats.stomp``, not an option) set to N for one run, then restored."""
+
+    def __init__(self, variant: dict) -> None:
+        self.size = variant.pop("activemqGroup", None)
+
+    def __enter__(self):
+        from spark_mq.sources.formats import stomp
+        self.before = stomp.ACTIVEMQ_GROUP
+        if self.size is not None:
+            stomp.ACTIVEMQ_GROUP = int(self.size)
+        return self
+
+    def __exit__(self, *exc):
+        from spark_mq.sources.formats import stomp
+        stomp.ACTIVEMQ_GROUP = self.before
 
 
 class _Stages:
@@ -106,7 +129,7 @@ def ingest_run(fmt: str, options: dict, n: int) -> dict:
 
     def connect(attempt):
         consumer = connect_consumer(opts, attempt)
-        if hasattr(consumer, "poll_batch"):  # Malamute: the client's poll; building the batch is "rest"
+        if consumer.builds_batches:  # Malamute: the client's poll; building the batch is "rest"
             stages.wrap(consumer.client, "poll", "poll")
         else:
             stages.wrap(consumer, "poll", "poll")
@@ -268,6 +291,9 @@ def memory_run(url: str, n: int = MEMORY_COUNT) -> dict:
 def memory_main(argv: list[str]) -> dict:
     brokers = harness()
     rabbit = brokers.start_rabbitmq()
+    activemq = None
+    if not only or any(format_of(row) == "stomp" for row in only.split(",")):
+        activemq = brokers.start_activemq()
     try:
         figures = memory_run(rabbit.url("amqp"))
     finally:
@@ -287,12 +313,17 @@ def main(argv: list[str]) -> dict:
     BrokerProcess = integration_module("broker_process").BrokerProcess
 
     rabbit = brokers.start_rabbitmq()
+    activemq = None
+    if not only or any(format_of(row) == "stomp" for row in only.split(",")):
+        activemq = brokers.start_activemq()
     # no mailbox journal: with one (then compacted only at start-up) two runs failed after a few GB
     # of preloads, a preload's PING unanswered for 60 s; without, the run went through
     biggest = max(COUNTS["malamute"].values())
     mlm = BrokerProcess(client_timeout=60.0, args=("--max-queue", str(biggest * 2)))
     mlm.start()
-    protocols = only_formats(protocol_table(rabbit.url("amqp"), rabbit.url("stomp"), mlm.endpoint), only)
+    activemq_url = f"stomp://127.0.0.1:{activemq.stomp_port}" if activemq is not None else None
+    protocols = only_formats(protocol_table(rabbit.url("amqp"), rabbit.url("stomp"), mlm.endpoint, activemq_url), only)
+    peers = peer_table(rabbit.url("amqp"), rabbit.url("stomp"), activemq_url)
     measured: dict = {}
     try:
         for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, COUNTS, rounds, "bench-ingest"):
@@ -303,24 +334,41 @@ def main(argv: list[str]) -> dict:
             if got_raw != n:
                 raise RuntimeError(f"{fmt} {label}: the raw client got {got_raw} of {n}")
             row = {"n": n, "round": rnd + 1, "raw_seconds": raw_s, "raw_cpu": raw_cpu.seconds, "variants": {}}
+            if fmt in peers:
+                peer_name, peer = peers[fmt]
+                preload(name + "-peer", n, size)
+                settle()
+                with ProcessCpu() as peer_cpu:
+                    got_peer, peer_s = peer(name + "-peer", n)
+                if got_peer != n:
+                    raise RuntimeError(f"{fmt} {label}: {peer_name} got {got_peer} of {n}")
+                row.update(peer=peer_name, peer_seconds=peer_s, peer_cpu=peer_cpu.seconds)
             for variant in variants:
                 queue = f"{name}-{len(row['variants'])}"
                 preload(queue, n, size)
                 settle()
-                run = ingest_run(fmt, {**options(queue), **_variant(variant)}, n)
+                settings = _variant(variant)
+                with _GroupOnActiveMQ(settings):
+                    run = ingest_run(format_of(fmt), {**options(queue), **settings}, n)
                 if run["messages"] != n:
                     raise RuntimeError(f"{fmt} {label} {variant!r}: the ingest logged {run['messages']} of {n}")
                 run["ratio"] = raw_s / run["seconds"]
+                if "peer_seconds" in row:
+                    run["peer_ratio"] = row["peer_seconds"] / run["seconds"]
                 row["variants"][variant or "defaults"] = run
                 st = run["stages"]
                 print(f"round {rnd + 1}: {fmt} {label} {variant or 'defaults'}: raw {raw_s:.2f}s, ingest "
-                      f"{run['seconds']:.2f}s, ratio {run['ratio']:.2f}; ingest thread: poll {st['poll']:.2f}s, "
+                      f"{run['seconds']:.2f}s, ratio {run['ratio']:.2f}"
+                      + (f", {row['peer']} {row['peer_seconds']:.2f}s, ratio {run['peer_ratio']:.2f}" if "peer" in row else "")
+                      + f"; ingest thread: poll {st['poll']:.2f}s, "
                       f"append {st['append']:.2f}s, fsync {st['fsync']:.2f}s, rest {st['rest']:.2f}s; "
                       f"CPU s raw {raw_cpu.seconds}, ingest {run['cpu']}", flush=True)
             measured.setdefault((fmt, label), []).append(row)
     finally:
         mlm.stop()
         rabbit._shutdown()
+        if activemq is not None:
+            activemq._shutdown()
     figures: dict = {"counts": COUNTS, "rounds": rounds, "variants": [v or "defaults" for v in variants]}
     print(f"median of {rounds} round(s) by the defaults' ratio")
     print(f"{'format':9} {'size':5} {'n':>9} {'raw s':>7} " + " ".join(f"{v or 'defaults':>14}" for v in variants))
@@ -328,6 +376,9 @@ def main(argv: list[str]) -> dict:
         median = sorted(runs, key=lambda r: r["variants"]["defaults"]["ratio"])[len(runs) // 2]
         figures[f"{fmt}_{label}"] = {**median, "round_ratios": {
             v: [round(r["variants"][v]["ratio"], 3) for r in runs] for v in median["variants"]}}
+        if "peer" in median:
+            figures[f"{fmt}_{label}"]["round_peer_ratios"] = {
+                v: [round(r["variants"][v]["peer_ratio"], 3) for r in runs] for v in median["variants"]}
         print(f"{fmt:9} {label:5} {median['n']:9,d} {median['raw_seconds']:7.2f} "
               + " ".join(f"{median['variants'][v or 'defaults']['ratio']:14.2f}" for v in variants))
     write_results("ingest", figures, partial=bool(only) or rounds != ROUNDS or bool(extra))
