@@ -50,7 +50,7 @@ import time
 from collections import Counter
 
 from bench.bench_sources import _arg, format_of, only_formats, pairs, peer_table, protocol_table
-from bench.common import ProcessCpu, harness, settle, integration_module, write_results
+from bench.common import ProcessCpu, harness, settle, integration_module, timed_drain, write_results
 
 # each raw run about 5 s or more on this machine (2026-11-25: malamute 300,000 x 4 KiB in 2.6-3.0 s
 # was the shortest, at 5 to 10 times the start-up's share of a run)
@@ -327,21 +327,11 @@ def main(argv: list[str]) -> dict:
     measured: dict = {}
     try:
         for rnd, fmt, label, size, n, name, (preload, raw, options) in pairs(protocols, COUNTS, rounds, "bench-ingest"):
-            preload(name + "-raw", n, size)
-            settle()
-            with ProcessCpu() as raw_cpu:
-                got_raw, raw_s = raw(name + "-raw", n)
-            if got_raw != n:
-                raise RuntimeError(f"{fmt} {label}: the raw client got {got_raw} of {n}")
+            raw_s, raw_cpu = timed_drain(preload, raw, name + "-raw", n, size, f"{fmt} {label}: the raw client")
             row = {"n": n, "round": rnd + 1, "raw_seconds": raw_s, "raw_cpu": raw_cpu.seconds, "variants": {}}
             if fmt in peers:
                 peer_name, peer = peers[fmt]
-                preload(name + "-peer", n, size)
-                settle()
-                with ProcessCpu() as peer_cpu:
-                    got_peer, peer_s = peer(name + "-peer", n)
-                if got_peer != n:
-                    raise RuntimeError(f"{fmt} {label}: {peer_name} got {got_peer} of {n}")
+                peer_s, peer_cpu = timed_drain(preload, peer, name + "-peer", n, size, f"{fmt} {label}: {peer_name}")
                 row.update(peer=peer_name, peer_seconds=peer_s, peer_cpu=peer_cpu.seconds)
             for variant in variants:
                 queue = f"{name}-{len(row['variants'])}"

@@ -32,7 +32,7 @@ import uuid
 
 from bench.bench_sources import (_arg, format_of, only_formats, peer_table, protocol_table, run_source,
                                  warm_workers)
-from bench.common import ProcessCpu, harness, settle, write_results
+from bench.common import ProcessCpu, harness, settle, timed_drain, write_results
 
 ROWS = ("amqp08", "stomp", "stomp-activemq")
 LANES = (1, 2, 4)
@@ -107,12 +107,7 @@ def main(argv: list[str]) -> dict:
             for row, (preload, _raw, options) in protocols.items():
                 name = f"bench-lanes-{row}-{uuid.uuid4().hex[:6]}"
                 peer_name, peer = peers[row]
-                preload(name + "-peer", n, BODY)
-                settle()
-                with ProcessCpu() as peer_cpu:
-                    got, peer_s = peer(name + "-peer", n)
-                if got != n:
-                    raise RuntimeError(f"{row}: {peer_name} got {got} of {n}")
+                peer_s, peer_cpu = timed_drain(preload, peer, name + "-peer", n, BODY, f"{row}: {peer_name}")
                 runs = {"peer": peer_name, "peer_msgs_per_s": n / peer_s, "peer_cpu_us_per_msg": _per_msg(peer_cpu.seconds, n)}
                 print(f"round {rnd + 1}: {row} {peer_name} {n / peer_s:,.0f} msg/s", flush=True)
                 for lanes in order:

@@ -223,5 +223,18 @@ def settle(max_wait: float = SETTLE_MAX) -> dict:
     return {"sync_seconds": round(synced, 2), "settle_seconds": round(time.monotonic() - t0, 2), "broker_idle": idle}
 
 
+def timed_drain(preload, consume, name: str, n: int, size: int, who: str):
+    """Preload ``n`` messages of ``size`` bytes into ``name``, ``settle``, then time ``consume(name, n)``
+    (a client draining them: ``(received, seconds)``) with its CPU by process. Returns
+    ``(seconds, ProcessCpu)``; a client that got fewer than ``n`` fails the run, naming ``who``."""
+    preload(name, n, size)
+    settle()
+    with ProcessCpu() as cpu:
+        got, seconds = consume(name, n)
+    if got != n:
+        raise RuntimeError(f"{who} got {got} of {n}: the rates would not compare the same work")
+    return seconds, cpu
+
+
 def _broker_cpu() -> float:
     return sum(cpu for (kind, _, _), cpu in _process_cpu().items() if kind == "broker")
