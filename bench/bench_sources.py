@@ -594,6 +594,8 @@ def main(argv: list[str]) -> dict:
                                          "round_ratios": [round(r["ratio"], 3) for r in runs]}
             if "peer_ratio" in median:
                 figures[f"{fmt}_{label}"]["round_peer_ratios"] = [round(r["peer_ratio"], 3) for r in runs]
+                figures[f"{fmt}_{label}"]["round_peer_ratios_steady"] = [
+                    round(r["peer_ratio_steady"], 3) if r.get("peer_ratio_steady") else None for r in runs]
             rows.append((fmt, label, median["n"], median["raw_msgs_per_s"], median["source_msgs_per_s"],
                          median["ratio"], median["source_in_batches_msgs_per_s"], median.get("peer"),
                          median.get("peer_msgs_per_s"), median.get("peer_ratio")))

@@ -94,8 +94,12 @@ def _sources(rows: list) -> None:
                      + (f"; Spark alone on the same rows x{row['ceiling_ratio']:.2f}, best possible here "
                         f"x{row['best_possible_ratio']:.2f}" if "ceiling_ratio" in row else "")
                      + (f"; x{row['peer_ratio']:.2f} of {row['peer']} ({row['peer_msgs_per_s']:,.0f} msg/s) in the same run"
-                        if "peer_ratio" in row else ""),
-                     ">= 0.7" + (f" (>= 0.9 of {row['peer']})" if fmt == "stomp-activemq" and "peer" in row else ""),
+                        if "peer_ratio" in row else "")
+                     + (f", x{row['peer_ratio_steady']:.2f} at steady state (first to last append)"
+                        + (" by round: " + ", ".join(f"x{x:.2f}" if x is not None else "-" for x in row["round_peer_ratios_steady"])
+                           if row.get("round_peer_ratios_steady") else " in the median round")
+                        if row.get("peer_ratio_steady") else ""),
+                     ">= 0.7" + (f" (>= 0.9 of {row['peer']} at steady state)" if fmt == "stomp-activemq" and "peer" in row else ""),
                      r.get("when", "")))
 
 
