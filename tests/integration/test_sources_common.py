@@ -392,7 +392,9 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
         head = ing.log.durable_head
         bodies += [b for batch in ing.log.read(committed, head) for b in batch.column("body").to_pylist()]
         assert ing.reconnects >= 1 and ing.redeliveries >= 100, (ing.reconnects, ing.redeliveries)
-        assert Counter(bodies) == Counter(body), (len(bodies), ing.redeliveries, ing.duplicates)
+        assert Counter(bodies) == Counter(body), dict(
+            logged=len(bodies), redeliveries=ing.redeliveries, duplicates=ing.duplicates, reconnects=ing.reconnects,
+            paused=ing.paused, buffered=ing._consumer.buffered() if ing._consumer else None, head=ing.log.head)
         ing.stop()  # closing gives back whatever was delivered and not acked: nothing may be
         with Connection.from_url(rabbitmq.url("amqp")) as conn:
             left = conn.channel().queue_declare(dest.rsplit("/", 1)[-1], passive=True).message_count
