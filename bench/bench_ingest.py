@@ -291,9 +291,6 @@ def memory_run(url: str, n: int = MEMORY_COUNT) -> dict:
 def memory_main(argv: list[str]) -> dict:
     brokers = harness()
     rabbit = brokers.start_rabbitmq()
-    activemq = None
-    if not only or any(format_of(row) == "stomp" for row in only.split(",")):
-        activemq = brokers.start_activemq()
     try:
         figures = memory_run(rabbit.url("amqp"))
     finally:
