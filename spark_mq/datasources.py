@@ -24,6 +24,7 @@ from spark_mq.sinks import amqp08 as amqp08_sink
 from spark_mq.sinks import malamute as malamute_sink
 from spark_mq.sinks import stomp as stomp_sink
 from spark_mq.sources.base import STREAM_READER, MQBatchReader, source_options
+from spark_mq.sources.executors import EXECUTOR_STREAM_READER
 from spark_mq.sources.formats import amqp08 as amqp08_source
 from spark_mq.sources.formats import malamute as malamute_source
 from spark_mq.sources.formats import stomp as stomp_source
@@ -52,7 +53,10 @@ class MQDataSource(DataSource):
         return S.source_ddl(self.FORMAT)
 
     def streamReader(self, schema) -> DataSourceStreamReader:
-        return STREAM_READER(self.FORMAT, self._source_options(streaming=True), schema, self.SOURCE.connect_consumer)
+        opts = self._source_options(streaming=True)
+        if opts.get("ingest") == "executors":
+            return EXECUTOR_STREAM_READER(self.FORMAT, opts, schema, self.SOURCE.connect_consumer)
+        return STREAM_READER(self.FORMAT, opts, schema, self.SOURCE.connect_consumer)
 
     def reader(self, schema) -> DataSourceReader:
         return MQBatchReader(self.FORMAT, self._source_options(streaming=False), schema, self.SOURCE.connect_consumer)

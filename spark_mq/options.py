@@ -447,6 +447,22 @@ SOURCE_OPTIONS = define(
         "all lanes together (docs/sources.md, \"Several consumers\"). Malamute 'streams' are shared out: stream i "
         "to lane i mod consumers (at most one consumer per stream). Batch reads, a single Malamute stream and "
         "mailboxes take 1 only.")),
+    OptionSpec("ingest", OptionType.ENUM, default="driver", choices=("driver", "executors"), directions=_SRC, doc=(
+                   "Stream reads: where the consumers run. driver (the default): an ingest thread per consumer in "
+                   "the driver-side reader process, appending to the source log as messages come (lowest latency, "
+                   "order kept per lane). executors: each micro-batch's tasks consume, one task per consumer "
+                   "(lane), each draining for up to taskIngestTime into its own batch file under logLocation "
+                   "(written, fsynced and linked; the first attempt wins) and acknowledging after it, so ingest "
+                   "grows with the executors. logLocation must be a path every executor shares; ackMode commit, "
+                   "poisonMessages=deadLetter and malamute are refused (docs/sources.md, \"Ingest on the executors\").")),
+    OptionSpec("taskIngestTime", OptionType.DURATION, default=1.0, minimum=0.05, directions=_SRC, doc=(
+        "ingest=executors: the longest a batch's task drains its broker (it ends sooner at taskMaxMessages, "
+        "taskMaxBytes, its share of maxMessagesPerTrigger, or 0.2 s without a message after the first). With "
+        "nothing to read each batch lasts about this long.")),
+    OptionSpec("taskMaxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
+               doc="ingest=executors: at most this many messages per task (lane) and batch."),
+    OptionSpec("taskMaxBytes", OptionType.SIZE, default=128 << 20, minimum=1, directions=_SRC,
+               doc="ingest=executors: a task stops draining once it holds about this many body bytes."),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),
                formats={AMQP08, STOMP}, directions=_SRC, doc=(
                    "When the broker is acknowledged: durable (after the messages are fsynced in the log), commit "

@@ -466,6 +466,9 @@ class MQBatchReader(DataSourceReader):
     source log kept until ``commit_batch_read`` (see ``spark_mq.sources.batchread``)."""
 
     def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+        if opts.get("ingest") == "executors":
+            raise OptionError(f"option 'ingest' is executors: the {fmt} batch read (spark.read) drains while Spark "
+                              f"plans it, on the driver; ingest=executors is for stream reads (spark.readStream)")
         if (opts.get("consumers") or 1) > 1:  # here: load() cannot tell a batch read from a stream
             raise OptionError(f"option 'consumers' is {opts.consumers}: the {fmt} batch read (spark.read) takes "
                               f"one consumer only; several consumers (lanes) are for stream reads (spark.readStream)")

@@ -26,13 +26,15 @@ from spark_mq.options import Options
 from spark_mq.schema import BODY, HEADERS, MESSAGE_ID, REDELIVERED
 from spark_mq.sources.log import SourceLog
 
-__all__ = ["NO_REDELIVERIES", "content_identity", "identity", "Dedup", "Redeliveries"]
+__all__ = ["NO_REDELIVERIES", "VOLATILE_HEADERS", "content_identity", "identity", "Dedup", "Redeliveries"]
 
 #: headers that differ between deliveries of one message, left out of the content identity: STOMP's
 #: per-delivery headers, and the delivery count RabbitMQ's quorum queues add to every redelivery
 #: (AMQP application header and STOMP header alike)
 _VOLATILE_HEADERS = frozenset({"message-id", "subscription", "redelivered", "redeliveries", "ack", "content-length",
                                "x-delivery-count"})
+
+VOLATILE_HEADERS = _VOLATILE_HEADERS  # (public: executor-side ingest computes the same identities)
 
 #: protocols without acknowledgements: the broker never delivers a message twice, nothing to recognise
 NO_REDELIVERIES = frozenset({"malamute"})

@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
 from spark_mq.sources.dedup import Dedup
+from spark_mq.sources.executors import EXECUTORS_FILE
 from spark_mq.sources.ingest import Ingest
 from spark_mq.sources.log import open_filesystem
 from spark_mq.sources.log.segments import SEGMENT_NAME
@@ -68,6 +69,10 @@ def check_layout(location: str, consumers: int) -> None:
     """Refuse a log location written with another number of consumers; record the number of a new
     location of several lanes (``LANES_FILE``, written before any lane's log)."""
     fs, root, _ = open_filesystem(location)
+    if fs.get_file_info(root + "/" + EXECUTORS_FILE).type == pafs.FileType.File:
+        raise OptionError(f"the source log at {location} was written with option ingest=executors (batch files per "
+                          f"lane); the driver-side ingest cannot continue it. Set ingest=executors again, or use a "
+                          f"new logLocation and checkpointLocation")
     info = fs.get_file_info(root + "/" + LANES_FILE)
     recorded = None
     if info.type == pafs.FileType.File:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -180,7 +181,17 @@ print("REPORT " + json.dumps(report))
 '''
 
 
-def test_standalone_cluster_two_workers(tmp_path, daemons):
+def _worker(url: str, i: int, env: dict, tmp: Path) -> Daemon:
+    """Worker ``i`` on loopback address 127.0.0.<i>: each worker's executor is on a host of its own, as on
+    a real cluster (Spark never runs a speculative copy of a task on the host of its first attempt)."""
+    host = f"127.0.0.{i}"
+    return Daemon(f"worker{i}", [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host",
+                                 host, "--cores", "1", "--memory", "1g", "--webui-port", _free_port(),
+                                 "--work-dir", tmp / f"work{i}"], {**env, "SPARK_LOCAL_IP": host}, tmp)
+
+
+def start_cluster(tmp_path: Path, daemons: list) -> tuple:
+    """A master and two workers of one core each: ``(master URL, env, [worker1, worker2])``."""
     env = _env(tmp_path)
     master_port = _free_port()
     master = Daemon("master", [SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -188,13 +199,15 @@ def test_standalone_cluster_two_workers(tmp_path, daemons):
     daemons.append(master)
     master.wait_for("I have been elected leader")
     url = f"spark://127.0.0.1:{master_port}"
-    for i in (1, 2):
-        worker = Daemon(f"worker{i}", [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host",
-                                       "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", _free_port(),
-                                       "--work-dir", tmp_path / f"work{i}"], env, tmp_path)
-        daemons.append(worker)
-    for worker in daemons[1:]:
+    workers = [_worker(url, i, env, tmp_path) for i in (1, 2)]
+    daemons.extend(workers)
+    for worker in workers:
         worker.wait_for("Successfully registered with master")
+    return url, env, workers
+
+
+def test_standalone_cluster_two_workers(tmp_path, daemons):
+    url, env, _ = start_cluster(tmp_path, daemons)
     shared = tmp_path / "shared"
     shared.mkdir()
     job = tmp_path / "job.py"
@@ -264,3 +277,151 @@ def test_spark_connect_server_and_client(tmp_path, daemons):
     assert report["registered"] == ["amqp08", "stomp", "malamute"]
     assert {"body", "subject", "frames", "offset"} <= set(report["schema"])
     _check_pipeline(report)
+
+
+# -- ingest on the executors (option ingest=executors) ---------------------------------------------
+
+# The streaming job: two queues (destinations), four consumers on the executors, into an idempotent
+# file sink (one file per batch id, replaced whole). Mode "stream" runs until killed; mode "final"
+# restarts from the checkpoint, runs until the sink holds ``expected`` rows and two batches more,
+# and reports every row the sink holds.
+EXECUTORS_JOB = r'''
+import json, os, sys, time
+from pyspark.sql import SparkSession
+fmt, url, dests, shared, mode, expected = sys.argv[1:7]
+spark = SparkSession.builder.appName("spark-mq executor ingest " + mode).getOrCreate()
+import spark_mq
+spark_mq.register(spark)
+out = os.path.join(shared, "out")
+os.makedirs(out, exist_ok=True)
+
+def sink(df, batch_id):
+    rows = [r.body.decode() for r in df.select("body").collect()]
+    tmp = os.path.join(out, f".{batch_id}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(rows, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(out, f"{batch_id}.json"))
+
+def held():
+    bodies = []
+    for name in os.listdir(out):
+        if name.endswith(".json"):
+            with open(os.path.join(out, name)) as f:
+                bodies += json.load(f)
+    return bodies
+
+df = (spark.readStream.format(fmt).option("uri", url).option("queue" if fmt == "amqp08" else "destination", dests)
+      .option("ingest", "executors").option("consumers", "4").option("prefetch", "100")
+      .option("taskMaxMessages", "150").option("taskIngestTime", "1s")
+      .option("logLocation", os.path.join(shared, "log")).load())
+q = (df.writeStream.foreachBatch(sink).option("checkpointLocation", os.path.join(shared, "ckpt"))
+     .trigger(processingTime="200 milliseconds").start())
+if mode == "stream":
+    q.awaitTermination(600)
+    sys.exit(0)
+deadline = time.monotonic() + 300
+while len(held()) < int(expected) and q.exception() is None and time.monotonic() < deadline:
+    time.sleep(0.5)
+then = q.lastProgress["batchId"] if q.lastProgress else -1
+while q.exception() is None and time.monotonic() < deadline and \
+        (q.lastProgress["batchId"] if q.lastProgress else -1) < then + 2:
+    time.sleep(0.2)
+exc = q.exception()
+q.stop()
+print("REPORT " + json.dumps({"bodies": held(), "exception": str(exc) if exc else None}))
+'''
+
+
+def _publish_two(fmt: str, broker, dests: list, count: int) -> None:
+    from spark_mq.clients.amqp08 import BasicProperties, Connection
+    from spark_mq.clients.stomp import StompClient
+    if fmt == "amqp08":
+        with Connection.from_url(broker.url("amqp")) as conn:
+            ch = conn.channel()
+            for d in dests:
+                ch.queue_declare(d, durable=True)
+                ch.publish_many(("", d, f"{d}:{i}".encode(), BasicProperties(delivery_mode=2)) for i in range(count))
+                ch.queue_declare(d, passive=True)
+        return
+    with StompClient.from_uri(broker.url("stomp")) as client:
+        for d in dests:
+            for i in range(count):
+                client.send(d, f"{d}:{i}".encode(), headers={"persistent": "true"})
+        client.flush()
+
+
+SPECULATION = ["--conf", "spark.speculation=true", "--conf", "spark.speculation.interval=100ms",
+               "--conf", "spark.speculation.quantile=0.25", "--conf", "spark.speculation.multiplier=1.0",
+               "--conf", "spark.speculation.minTaskRuntime=100ms"]
+
+
+@pytest.mark.parametrize("case", ["amqp08", "amqp08-speculation", "stomp-speculation"])
+def test_executor_ingest_survives_a_worker_and_a_driver_sigkill(tmp_path, daemons, request, unique_name, case):
+    """Two queues, four consumers ingesting on the executors of a two-worker cluster: one worker
+    (its JVM, executor and Python workers) is SIGKILLed mid-run, then the driver mid-batch; the query
+    restarted from its checkpoint ends with every message exactly once in an idempotent file sink.
+    With speculation on, slow tasks (a lane that finds its queue empty drains for taskIngestTime)
+    get a second attempt: the first to link its batch file wins, the other gives its deliveries back."""
+    from killing import committed_batches, kill_group, mid_batch
+
+    from spark_mq.clients.amqp08 import Connection
+
+    fmt = case.split("-")[0]
+    speculation = case.endswith("speculation")
+    broker = request.getfixturevalue("rabbitmq")
+    per_queue = 1500
+    if fmt == "amqp08":
+        dests, url = [unique_name("xc"), unique_name("xd")], broker.url("amqp")
+    else:
+        dests, url = ["/queue/" + unique_name("xc"), "/queue/" + unique_name("xd")], broker.url("stomp")
+    _publish_two(fmt, broker, dests, per_queue)
+    expected = sorted(f"{d}:{i}" for d in dests for i in range(per_queue))
+    master, env, workers = start_cluster(tmp_path, daemons)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = tmp_path / "job.py"
+    job.write_text(EXECUTORS_JOB)
+    cmd = [SPARK_SUBMIT, "--master", master, "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m",
+           "--conf", "spark.cores.max=2", "--conf", "spark.sql.shuffle.partitions=2",
+           "--conf", f"spark.pyspark.python={sys.executable}", *(SPECULATION if speculation else []),
+           job, fmt, url, ",".join(dests), shared]
+    ckpt = shared / "ckpt"
+    with open(tmp_path / "stream.log", "wb") as out:
+        proc = subprocess.Popen([str(c) for c in cmd + ["stream", len(expected)]], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=tmp_path)
+        try:
+            def until(what, predicate, timeout=240):
+                deadline = time.monotonic() + timeout
+                while not predicate():
+                    if proc.poll() is not None:
+                        raise AssertionError(f"the job exited ({proc.returncode}) waiting for {what}; see {tmp_path}/stream.log")
+                    assert time.monotonic() < deadline, f"no {what} within {timeout}s; see {tmp_path}/stream.log"
+                    time.sleep(0.05)
+
+            until("two committed batches", lambda: committed_batches(ckpt) >= 2)
+            os.killpg(workers[0].proc.pid, signal.SIGKILL)  # the worker, its executor and Python workers
+            workers[0].proc.wait(30)
+            done = committed_batches(ckpt)
+            until("a batch after the worker's death", lambda: committed_batches(ckpt) >= done + 2)
+            until("a batch in flight", lambda: mid_batch(ckpt))
+            time.sleep(0.3)
+        finally:
+            kill_group(proc)
+    assert len(set(sum((json.load(open(f)) for f in (shared / "out").glob("*.json")), []))) < len(expected), \
+        "the first run read everything before its kills"
+    report = _run_job(cmd + ["final", len(expected)], env, tmp_path, "the restarted executor-ingest query")
+    assert report["exception"] is None, report["exception"]
+    assert sorted(report["bodies"]) == expected, (len(report["bodies"]), len(expected))
+    driver_log = (tmp_path / "stream.log").read_text(errors="replace") + (tmp_path / "job.stderr").read_text(errors="replace")
+    if speculation:  # second attempts ran (task <i>.1), and some lost the race to link their batch file
+        assert re.search(r"Starting task \d+\.1 in stage", driver_log), "speculation was on, but no task ran twice"
+        lost = sum(p.read_text(errors="replace").count("another attempt wrote the batch first")
+                   for p in tmp_path.glob("work*/app-*/*/stderr"))
+        print(f"speculative attempts that lost the link: {lost}")
+    with Connection.from_url(broker.url("amqp")) as conn:
+        ch = conn.channel()
+        left = [ch.queue_declare(d.rsplit("/", 1)[-1], passive=True).message_count for d in dests]
+    assert left == [0, 0], left

@@ -23,6 +23,8 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
+from killing import committed_batches, kill_group, last_batch, mid_batch, start_child  # noqa: F401
+
 pytestmark = pytest.mark.integration
 
 CHILD = textwrap.dedent("""
@@ -56,36 +58,6 @@ def publish(url: str, queue: str, count: int) -> None:
         ch.publish_many(("", queue, f"m{i}".encode(), BasicProperties(message_id=f"id{i}", delivery_mode=2))
                         for i in range(count))
         ch.queue_declare(queue, passive=True)
-
-
-def committed_batches(ckpt: Path) -> int:
-    commits = ckpt / "commits"
-    return len([f for f in os.listdir(commits) if f.isdigit()]) if commits.exists() else 0
-
-
-def last_batch(ckpt: Path, log: str) -> int:
-    """The highest batch id in the checkpoint's ``offsets`` (planned) or ``commits`` (done) log; -1: none."""
-    d = ckpt / log
-    return max((int(f) for f in os.listdir(d) if f.isdigit()), default=-1) if d.exists() else -1
-
-
-def mid_batch(ckpt: Path) -> bool:
-    """A batch is planned and not committed: a kill now lands inside it."""
-    return last_batch(ckpt, "offsets") > last_batch(ckpt, "commits")
-
-
-def start_child(script: Path, args: list[str], log_file) -> subprocess.Popen:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    return subprocess.Popen([sys.executable, str(script), *args], stdout=log_file, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
 
 
 @pytest.mark.timeout(900)

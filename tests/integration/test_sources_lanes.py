@@ -28,6 +28,8 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
+from killing import committed_batches, kill_group, last_batch, mid_batch, start_child  # noqa: F401
+
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT = 240
@@ -216,35 +218,6 @@ def test_a_redelivery_landing_on_another_lane_is_dropped(fmt, rabbitmq, unique_n
         release_lane0.set()
         lanes.stop()
     assert _queue_depth(rabbitmq.url("amqp"), queue) == 0
-
-
-def committed_batches(ckpt: Path) -> int:
-    commits = ckpt / "commits"
-    return len([f for f in os.listdir(commits) if f.isdigit()]) if commits.exists() else 0
-
-
-def _last_batch(ckpt: Path, log: str) -> int:
-    d = ckpt / log
-    return max((int(f) for f in os.listdir(d) if f.isdigit()), default=-1) if d.exists() else -1
-
-
-def mid_batch(ckpt: Path) -> bool:
-    """A batch is planned and not committed: a kill now lands inside it."""
-    return _last_batch(ckpt, "offsets") > _last_batch(ckpt, "commits")
-
-
-def start_child(script: Path, args: list, log_file) -> subprocess.Popen:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    return subprocess.Popen([sys.executable, str(script), *args], stdout=log_file, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
 
 
 CHILD = textwrap.dedent("""

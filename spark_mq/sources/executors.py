@@ -1,0 +1,471 @@
+"""Ingest on the executors (option ``ingest=executors``): each micro-batch's tasks consume, one task per lane.
+
+Responsible for: the stream reader of that placement (``ExecutorStreamReader``: offsets, planning,
+availableNow, trimming old batch files), the task that consumes (``run_task``: drain, drop
+redeliveries, write the batch file, acknowledge), the batch files' layout under ``logLocation``
+and the deterministic identities that recognise redeliveries across processes. Not responsible for
+protocols (the format's ``Consumer``, the same as the driver-side ingest's) nor for the driver-side
+ingest (``spark_mq.sources.ingest``, the default placement).
+
+How it keeps the guarantees of docs/guarantees.md (exactly once into an idempotent sink):
+
+- An offset is a batch number, ``{"batch": b, "consumers": N}``: batch ``b`` is one task per lane
+  ``i < N``. Nothing is consumed when the driver plans; the tasks consume when they run.
+- A lane's task of batch ``b`` first looks for its file ``lane-<i>/batch-<b>.arrow``. If it exists
+  (a replay: a restarted query, a retried stage, the other attempt of a speculative pair won), the
+  task reads it and consumes nothing. Else it connects, drains (up to ``taskIngestTime``, its share
+  of ``maxMessagesPerTrigger`` or ``taskMaxMessages``, and ``taskMaxBytes``), writes the drained
+  messages to a temporary file, fsyncs it, and links it to the batch file's name: the first attempt
+  to link wins (``os.link`` fails if the name exists), atomically on a local or mounted filesystem.
+- The winner acknowledges the broker only after the link, then closes. A losing attempt (speculation)
+  closes without acknowledging: the broker redelivers what it drained, to a later batch, and reads
+  the winner's file, so both attempts return the same rows.
+- Killed before the link (executor SIGKILL, broker gone): nothing was acknowledged, the broker
+  redelivers everything to a later task. Killed between link and ack: the batch file holds the
+  messages and the broker redelivers them too. So a task checks every delivery the broker marks
+  redelivered against the identities of the last ``RECENT_BATCHES`` batches' files of every lane
+  (and of this batch's other lanes, re-listed when one is not found) and drops those already in a
+  file. Identities are a stable id where the broker keeps one, else a BLAKE2 hash of body and
+  stable headers: the same in every executor process (Python's ``hash`` is keyed per process).
+- The driver deletes batch files older than ``RECENT_BATCHES`` behind Spark's commit.
+
+What it gives up against the driver-side ingest: latency (a batch is at least its tasks' connect and
+drain), order across batches' lanes (order is kept within a task's file only), ackMode commit (the
+connection ends with the task) and dead-lettering (a poison delivery fails the task; Spark retries
+it, then the query fails naming it). Malamute has no acknowledgements, so a consumer that closes
+between batches would lose what arrives meanwhile: the option is refused there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Callable, Iterator, Optional
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+
+from spark_mq import schema as S
+from spark_mq.compat import CAPS, ReadAllAvailable, SupportsTriggerAvailableNow
+from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
+from spark_mq.options import Options
+from spark_mq.sources.dedup import VOLATILE_HEADERS
+from spark_mq.sources.log import open_filesystem
+from spark_mq.workerheap import freeze_worker_heap
+
+log = logging.getLogger("spark_mq.sources.executors")
+
+__all__ = ["ExecutorStreamReader", "TaskPartition", "run_task", "task_identity", "batch_path", "check_placement",
+           "EXECUTORS_FILE", "RECENT_BATCHES", "OFFSET_STRIDE", "EXECUTOR_STREAM_READER"]
+
+#: the file that marks a logLocation as written by executor-side ingest (JSON: {"ingest": "executors"})
+EXECUTORS_FILE = "executors.json"
+#: batch files kept behind Spark's commit: a message whose ack was lost is redelivered at once, to the
+#: next batch or so; these many batches' identities are checked for it
+RECENT_BATCHES = 10
+#: a row's ``offset`` is ``(batch * MAX_LANES + lane) * OFFSET_STRIDE + position in its file``: unique in the
+#: query, the same when a batch is replayed (a key for an idempotent sink), increasing within a lane
+OFFSET_STRIDE = 1 << 24
+MAX_LANES = 256
+_BATCH = "batch-{:012d}.arrow"
+_POLL = 0.05          # seconds per poll while draining
+_QUIET_END = 0.2      # after the first message, this long without one ends a task's drain (the queue is empty)
+_CONNECT_TRIES = 5    # connect attempts of one task (a broker restarting) before it fails
+
+
+def batch_path(root: str, lane: int, batch: int) -> str:
+    return os.path.join(root, f"lane-{lane}", _BATCH.format(batch))
+
+
+def _batch_of(name: str) -> Optional[int]:
+    if name.startswith("batch-") and name.endswith(".arrow"):
+        try:
+            return int(name[6:-6])
+        except ValueError:
+            return None
+    return None
+
+
+def check_placement(opts: Options, fmt: str) -> str:
+    """The local root of ``logLocation`` for executor-side ingest, after refusing what cannot work:
+    Malamute (no acks), ackMode commit or dead-lettering, a location that is not a local or mounted
+    path (the first-wins link needs one), and a location the driver-side ingest wrote."""
+    if (opts.get("consumers") or 1) > MAX_LANES:
+        raise OptionError(f"option 'consumers' is {opts.consumers}: with ingest=executors at most {MAX_LANES}")
+    if fmt == "malamute":
+        raise OptionError("option 'ingest' is executors, but the malamute source cannot ingest on executors: "
+                          "Malamute has no acknowledgements, so a consumer that closes between batches loses "
+                          "what is sent meanwhile. Use ingest=driver (the default) with consumers=N")
+    if opts.get("ackMode") == "commit":
+        raise OptionError("option 'ingest' is executors, which acknowledges each batch's messages once its "
+                          "batch file is written (as ackMode=durable); ackMode=commit needs the connection to "
+                          "live until Spark's commit. Use ackMode=durable (the default) or ingest=driver")
+    if opts.get("poisonMessages") == "deadletter":
+        raise OptionError("option 'ingest' is executors, which cannot dead-letter (poisonMessages=deadLetter): "
+                          "a poison delivery fails its task, and the query after Spark's task retries. Use "
+                          "poisonMessages=fail or ingest=driver")
+    fs, root, local = open_filesystem(opts.logLocation)
+    if not local:
+        raise OptionError(f"option 'logLocation' is {opts.logLocation!r}: with ingest=executors it must be a "
+                          f"local or mounted path every executor shares (NFS, /dbfs/..., /Volumes/...): a batch "
+                          f"file's first attempt wins by an atomic link, which object stores do not have")
+    if os.path.isdir(root):
+        names = set(os.listdir(root))
+        if names and EXECUTORS_FILE not in names and (names & {"lanes.json"} or any(n.startswith("seg-") for n in names)):
+            raise OptionError(f"option 'ingest' is executors, but the source log at {opts.logLocation} was written "
+                              f"by the driver-side ingest: use a new logLocation and checkpointLocation, or ingest=driver")
+    return root
+
+
+def mark_placement(root: str) -> None:
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, EXECUTORS_FILE)
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump({"ingest": "executors"}, f)
+
+
+# -- identities -----------------------------------------------------------------------------------
+
+def task_identity(body: bytes, message_id, headers, stable_ids: bool):
+    """A message's identity, the same in every process: ``("h", id)`` for a spark-mq sink's id header,
+    ``("m", id)`` for a broker's stable message id, else ``("c", digest)`` of body and stable headers."""
+    kept = []
+    for kv in headers or ():
+        name, value = kv[0], kv[1]
+        if name in VOLATILE_HEADERS:
+            continue
+        if name == S.ID_HEADER and value:
+            return ("h", value)
+        kept.append((name, value))
+    if message_id is not None and stable_ids:
+        return ("m", message_id)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(len(body).to_bytes(8, "big"))
+    h.update(body)
+    h.update(repr(sorted(kept)).encode("utf-8", "surrogatepass"))
+    return ("c", h.hexdigest())
+
+
+def _file_identities(path: str, stable_ids: bool) -> set:
+    out = set()
+    for batch in _read_file(path):
+        cols = batch.select(["body", "message_id", "headers"]).to_pydict()
+        for body, mid, headers in zip(cols["body"], cols["message_id"], cols["headers"]):
+            out.add(task_identity(body, mid, headers, stable_ids))
+    return out
+
+
+class RecentIdentities:
+    """The identities in the batch files of the last ``RECENT_BATCHES`` batches of every lane (up to
+    and including ``batch``), loaded the first time a redelivery is looked up, and files that appeared
+    since (another lane of this batch linked its file) added when a lookup misses."""
+
+    def __init__(self, root: str, batch: int, stable_ids: bool) -> None:
+        self.root, self.batch, self.stable_ids = root, batch, stable_ids
+        self._loaded: set = set()
+        self._ids: set = set()
+
+    def _refresh(self) -> None:
+        for lane_dir in sorted(os.listdir(self.root)) if os.path.isdir(self.root) else ():
+            if not lane_dir.startswith("lane-"):
+                continue
+            d = os.path.join(self.root, lane_dir)
+            for name in os.listdir(d):
+                b = _batch_of(name)
+                path = os.path.join(d, name)
+                if b is None or b < self.batch - RECENT_BATCHES or b > self.batch or path in self._loaded:
+                    continue
+                try:
+                    self._ids |= _file_identities(path, self.stable_ids)
+                except FileNotFoundError:
+                    continue  # trimmed meanwhile: older than the window
+                self._loaded.add(path)
+
+    def __contains__(self, key) -> bool:
+        if key in self._ids:
+            return True
+        self._refresh()
+        return key in self._ids
+
+
+# -- the batch files ------------------------------------------------------------------------------
+
+def _read_file(path: str) -> Iterator[pa.RecordBatch]:
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_stream(source)
+        for batch in reader:
+            yield batch
+
+
+def file_rows(path: str) -> Optional[int]:
+    """Rows in a batch file, from its schema's metadata (the first message only), or None if absent."""
+    try:
+        with pa.memory_map(path) as source:
+            meta = pa.ipc.open_stream(source).schema.metadata or {}
+    except FileNotFoundError:
+        return None
+    return int(meta.get(b"rows", b"0"))
+
+
+def _write_first(path: str, schema: pa.Schema, batches: list, rows: int) -> bool:
+    """Write ``batches`` durably to ``path`` unless another attempt did first; True if this one did."""
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    schema = schema.with_metadata({"rows": str(rows)})
+    try:
+        with open(tmp, "wb") as f:
+            with pa.ipc.new_stream(f, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch.replace_schema_metadata(schema.metadata))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+# -- the task -------------------------------------------------------------------------------------
+
+class TaskPartition(InputPartition):
+    """Lane ``lane`` of batch ``batch``: what its task needs to consume (picklable)."""
+
+    def __init__(self, index: int, fmt: str, opts: Options, connector: Callable, batch: int, lane: int,
+                 consumers: int, root: str) -> None:
+        super().__init__(index)
+        self.index = index
+        self.fmt, self.opts, self.connector = fmt, opts, connector
+        self.batch, self.lane, self.consumers, self.root = batch, lane, consumers, root
+
+
+def _task_caps(opts: Options, consumers: int) -> tuple:
+    count = opts.taskMaxMessages
+    per_trigger = opts.get("maxMessagesPerTrigger")
+    if per_trigger is not None:
+        count = min(count, max(1, -(-per_trigger // consumers)))
+    return count, opts.taskMaxBytes
+
+
+def _connect(part: TaskPartition):
+    last: Optional[BaseException] = None
+    for attempt in range(_CONNECT_TRIES):
+        try:
+            return part.connector(part.opts, attempt)
+        except (SparkMqError, OSError) as exc:
+            last = exc
+            log.warning("%s source, batch %d lane %d: connect attempt %d failed: %s", part.fmt, part.batch,
+                        part.lane, attempt, exc)
+            time.sleep(min(part.opts.reconnectMaxDelay, part.opts.reconnectDelay * (2 ** attempt)))
+    raise SparkMqError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: no connection "
+                       f"after {_CONNECT_TRIES} attempts: {last}") from last
+
+
+def _drain(consumer, part: TaskPartition) -> list:
+    """Deliveries for this task: until the caps, ``taskIngestTime``, or a quiet moment after the first."""
+    max_count, max_bytes = _task_caps(part.opts, part.consumers)
+    msgs: list = []
+    size = 0
+    began = time.monotonic()
+    deadline = began + part.opts.taskIngestTime
+    last = None
+    while len(msgs) < max_count and size < max_bytes:
+        now = time.monotonic()
+        if now >= deadline or (last is not None and now - last >= _QUIET_END):
+            break
+        got = consumer.poll(max_count - len(msgs), min(_POLL, deadline - now))
+        if got:
+            msgs.extend(got)
+            size += sum(len(getattr(m, "body", b"") or b"") for m in got)
+            last = time.monotonic()
+    return msgs
+
+
+def _consume(part: TaskPartition, path: str) -> None:
+    """Drain this lane's share of the batch into its file (first attempt wins), then acknowledge."""
+    consumer = _connect(part)
+    won = False
+    try:
+        msgs = _drain(consumer, part)
+        now_us = int(time.time() * 1_000_000)
+        recent = None
+        rows = []
+        first = (part.batch * MAX_LANES + part.lane) * OFFSET_STRIDE
+        duplicates = 0
+        for msg in msgs:
+            try:
+                row = consumer.row(msg, first + len(rows), now_us)
+            except PoisonDelivery as poison:
+                raise SparkMqError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
+                                   f"a delivery cannot be taken: {poison.reason}; it stays in the broker, "
+                                   f"unacknowledged") from poison
+            if row[S.REDELIVERED]:
+                if recent is None:
+                    recent = RecentIdentities(part.root, part.batch, consumer.stable_ids)
+                if task_identity(row[S.BODY], row[S.MESSAGE_ID], row[S.HEADERS], consumer.stable_ids) in recent:
+                    duplicates += 1
+                    continue
+            rows.append(row)
+        schema = S.source_arrow_schema(part.fmt)
+        batches = [S.build_batch(part.fmt, rows)] if rows else []
+        won = _write_first(path, schema, batches, len(rows))
+        if won:
+            consumer.ack(msgs)  # only now: the batch file holds them (and the duplicates were in one)
+            log.info("%s source, batch %d lane %d: %d messages (%d duplicates dropped)", part.fmt, part.batch,
+                     part.lane, len(rows), duplicates)
+        else:
+            log.warning("%s source, batch %d lane %d: another attempt wrote the batch first; %d deliveries go back "
+                     "to the broker", part.fmt, part.batch, part.lane, len(msgs))
+    finally:
+        # the loser (and a failed attempt) closes without acknowledging: the broker redelivers
+        try:
+            consumer.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+            pass
+
+
+def run_task(part: TaskPartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Executor side: this lane's rows of the batch, consumed now or read from the batch file."""
+    freeze_worker_heap()
+    path = batch_path(part.root, part.lane, part.batch)
+    if not os.path.exists(path):
+        _consume(part, path)
+    for batch in _read_file(path):
+        yield S.project(batch, target)
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+class ExecutorStreamReader(DataSourceStreamReader):
+    """The stream reader for ``ingest=executors``: plans batch numbers, trims old batch files."""
+
+    def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+        self.fmt = fmt
+        self.opts = opts
+        self.target_schema = S.to_arrow_schema(schema)
+        S.check_user_schema(fmt, self.target_schema)
+        self._connector = connector
+        self.root = check_placement(opts, fmt)
+        self.consumers = opts.get("consumers") or 1
+        self._last_end: Optional[int] = None
+        self._available_now: Optional[float] = None  # when prepareForTriggerAvailableNow came
+        self._planned_in_run = False
+
+    def _decode(self, offset: dict) -> tuple:
+        if "batch" not in offset:
+            raise OptionError(f"the checkpoint's offset {json.dumps(offset)} is of the driver-side ingest, but "
+                              f"option 'ingest' is executors: use a new checkpointLocation and logLocation, or "
+                              f"ingest=driver")
+        return int(offset["batch"]), int(offset.get("consumers", self.consumers))
+
+    def _encode(self, batch: int) -> dict:
+        return {"batch": batch, "consumers": self.consumers}
+
+    def _highest_batch(self) -> Optional[int]:
+        found = None
+        if os.path.isdir(self.root):
+            for lane_dir in os.listdir(self.root):
+                d = os.path.join(self.root, lane_dir)
+                if lane_dir.startswith("lane-") and os.path.isdir(d):
+                    for name in os.listdir(d):
+                        b = _batch_of(name)
+                        if b is not None and (found is None or b > found):
+                            found = b
+        return found
+
+    def initialOffset(self) -> dict:
+        mark_placement(self.root)
+        high = self._highest_batch()
+        # a new query on a location with batch files: those were served already; never replay them
+        start = 0 if high is None else high + 1
+        self._last_end = start
+        return self._encode(start)
+
+    def _batch_empty(self, batch: int, consumers: int) -> bool:
+        return all(file_rows(batch_path(self.root, lane, batch)) == 0 for lane in range(consumers))
+
+    def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
+        if start is not None:
+            s = self._decode(start)[0]
+        elif self._last_end is not None:
+            s = self._last_end
+        else:  # Spark < 4.2 after a restart with its last batch committed: the batch after the newest file
+            high = self._highest_batch()
+            s = 0 if high is None else high + 1
+        end = s + 1
+        if self._available_now is not None and self._planned_in_run:
+            # availableNow ends after a batch in which no lane found anything, or at availableNowTimeout
+            if (s > 0 and self._batch_empty(s - 1, self.consumers)) or \
+                    time.monotonic() - self._available_now >= self.opts.availableNowTimeout:
+                end = s
+        self._planned_in_run = True
+        self._last_end = end
+        return self._encode(end)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = time.monotonic()
+        self._planned_in_run = False
+
+    def getDefaultReadLimit(self):
+        return ReadAllAvailable() if CAPS.read_limits else None
+
+    def reportLatestOffset(self):
+        return None
+
+    def partitions(self, start: dict, end: dict):
+        s, _ = self._decode(start)
+        e, consumers = self._decode(end)
+        self._last_end = e
+        parts = []
+        for b in range(s, e):
+            for lane in range(consumers):
+                parts.append(TaskPartition(len(parts), self.fmt, self.opts, self._connector, b, lane, consumers,
+                                           self.root))
+        return parts
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        return run_task(partition, self.target_schema)
+
+    def commit(self, end: dict) -> None:
+        e, _ = self._decode(end)
+        keep_from = e - RECENT_BATCHES
+        if not os.path.isdir(self.root):
+            return
+        for lane_dir in os.listdir(self.root):
+            d = os.path.join(self.root, lane_dir)
+            if not (lane_dir.startswith("lane-") and os.path.isdir(d)):
+                continue
+            for name in os.listdir(d):
+                b = _batch_of(name)
+                if b is not None and b < keep_from:
+                    try:
+                        os.unlink(os.path.join(d, name))
+                    except FileNotFoundError:
+                        pass
+
+    def stop(self) -> None:
+        pass
+
+
+if CAPS.available_now:
+    class ExecutorStreamReaderAvailableNow(ExecutorStreamReader, SupportsTriggerAvailableNow):
+        """The executor-side stream reader with Trigger.AvailableNow support (Spark 4.2+)."""
+    EXECUTOR_STREAM_READER = ExecutorStreamReaderAvailableNow
+else:  # pragma: no cover - older pyspark
+    EXECUTOR_STREAM_READER = ExecutorStreamReader

@@ -1,0 +1,188 @@
+"""Ingest on the executors (option ``ingest=executors``), against real brokers.
+
+A query reading two queues (destinations) with four consumers reads every message once, on amqp08
+(RabbitMQ) and stomp (RabbitMQ, ActiveMQ). The two failure windows of a task, each against a real
+broker with the task run in this process: a losing speculative attempt (its link fails) gives its
+deliveries back, and both attempts return the winner's rows; a task that dies between linking its
+batch file and acknowledging leaves redeliveries that the next batch recognises and drops. The
+standalone-cluster runs (worker SIGKILL, driver SIGKILL, speculation) are in ``test_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+
+import pytest
+
+from spark_mq.clients.amqp08 import BasicProperties, Connection
+from spark_mq.clients.stomp import StompClient
+
+pytestmark = pytest.mark.integration
+
+QUERY_TIMEOUT = 240
+
+
+def _publish(fmt: str, url: str, dest: str, start: int, count: int) -> None:
+    if fmt == "amqp08":
+        with Connection.from_url(url) as conn:
+            ch = conn.channel()
+            ch.queue_declare(dest, durable=True)
+            ch.publish_many(("", dest, f"{dest}:{i}".encode(), BasicProperties(delivery_mode=2))
+                            for i in range(start, start + count))
+            ch.queue_declare(dest, passive=True)  # a round trip: everything before it reached the broker
+        return
+    with StompClient.from_uri(url) as client:
+        for i in range(start, start + count):
+            client.send(dest, f"{dest}:{i}".encode(), headers={"persistent": "true"})
+        client.flush()
+
+
+def _case(request, case: str, unique_name):
+    """(fmt, broker, url, two destinations) of a parameter ``amqp08`` / ``stomp-rabbitmq`` / ``stomp-activemq``."""
+    fmt, _, kind = case.partition("-")
+    broker = request.getfixturevalue(kind or "rabbitmq")
+    if fmt == "amqp08":
+        return fmt, broker, broker.url("amqp"), [unique_name("xa"), unique_name("xb")]
+    return fmt, broker, broker.url("stomp"), ["/queue/" + unique_name("xa"), "/queue/" + unique_name("xb")]
+
+
+def _options(fmt: str, url: str, dests: list) -> dict:
+    key = "queue" if fmt == "amqp08" else "destination"
+    return {"uri": url, key: ",".join(dests)}
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("case", ["amqp08", "stomp-rabbitmq", "stomp-activemq"])
+def test_two_queues_four_consumers_on_executors_read_every_message_once(spark, request, case, unique_name,
+                                                                          tmp_path):
+    fmt, _, url, dests = _case(request, case, unique_name)
+    per_queue = 1500
+    for d in dests:
+        _publish(fmt, url, d, 0, per_queue)
+    expected = Counter(f"{d}:{i}".encode() for d in dests for i in range(per_queue))
+    seen: dict = {}
+
+    def collect(batch_df, batch_id):  # idempotent: a replayed batch replaces its rows
+        seen[batch_id] = [(r.offset, r.body, r.destination) for r in batch_df.select("offset", "body", "destination")
+                          .collect()]
+
+    r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log"))
+    for k, v in {**_options(fmt, url, dests), "ingest": "executors", "consumers": 4, "prefetch": 50,
+                 "taskIngestTime": "1s", "taskMaxMessages": 400}.items():
+        r = r.option(k, str(v))
+    q = r.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")) \
+        .trigger(processingTime="100 milliseconds").start()
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT
+        while sum(len(rows) for rows in list(seen.values())) < sum(expected.values()):
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, f"{sum(len(v) for v in seen.values())} of {sum(expected.values())}"
+            time.sleep(0.2)
+        batches_then = len(seen)
+        while len(seen) < batches_then + 2:  # two more batches: a duplicate taken by now would show below
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, "no further batches"
+            time.sleep(0.2)
+    finally:
+        q.stop()
+    rows = [row for batch in seen.values() for row in batch]
+    assert Counter(body for _, body, _ in rows) == expected
+    assert {dest for _, _, dest in rows} == set(dests)  # the destination column names the queue, for both
+    # offsets: unique in the query (batch, lane, position in its file), every lane's file took messages
+    assert len({o for o, _, _ in rows}) == len(rows)
+    from spark_mq.sources.executors import MAX_LANES, OFFSET_STRIDE
+    assert {(o // OFFSET_STRIDE) % MAX_LANES for o, _, _ in rows} == {0, 1, 2, 3}
+    lanes = set(os.listdir(tmp_path / "log")) - {"executors.json"}
+    assert len(lanes) == 4, lanes
+    assert (tmp_path / "log" / "executors.json").exists()
+
+
+def _task(fmt: str, url: str, dests: list, root, batch: int, lane: int = 0, connector=None):
+    import importlib
+
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.executors import TaskPartition
+
+    opts = parse_options({**_options(fmt, url, dests), "logLocation": str(root), "ingest": "executors",
+                          "prefetch": "100", "taskMaxMessages": "100", "taskIngestTime": "2s"},
+                         format=fmt, direction=SOURCE)
+    connect = connector or importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer
+    return TaskPartition(0, fmt, opts, connect, batch, lane, 1, str(root))
+
+
+def _bodies(part) -> list:
+    import pyarrow as pa
+
+    from spark_mq import schema as S
+    from spark_mq.sources.executors import run_task
+    target = S.source_arrow_schema(part.fmt)
+    return [b for batch in run_task(part, target) for b in pa.Table.from_batches([batch]).column("body").to_pylist()]
+
+
+def _remaining(fmt, broker, dests) -> int:
+    with Connection.from_url(broker.url("amqp")) as conn:
+        return sum(conn.channel().queue_declare(d.rsplit("/", 1)[-1], passive=True).message_count for d in dests)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["amqp08", "stomp-rabbitmq"])
+def test_a_losing_speculative_attempt_gives_its_deliveries_back(request, case, unique_name, tmp_path):
+    """Two attempts of one task (speculation): both consume, the first to link its file wins. The
+    loser's link fails, it closes without acknowledging, and returns the winner's rows; what it had
+    drained comes back redelivered and the next batch takes it as new (it is in no file)."""
+    from spark_mq.sources.executors import _consume, batch_path
+    fmt, broker, url, dests = _case(request, case, unique_name)
+    dests = dests[:1]
+    _publish(fmt, url, dests[0], 0, 300)
+    first, second = _task(fmt, url, dests, tmp_path, 0), _task(fmt, url, dests, tmp_path, 0)
+    path = batch_path(str(tmp_path), 0, 0)
+    _consume(first, path)             # attempt 1 links batch 0
+    _consume(second, path)            # attempt 2 drained other messages, and lost the link
+    assert _bodies(second) == _bodies(first) and len(_bodies(first)) == 100
+    later = []
+    for batch in range(1, 6):
+        later += _bodies(_task(fmt, url, dests, tmp_path, batch))
+        if len(later) >= 200:
+            break
+    every = _bodies(first) + later
+    assert Counter(every) == Counter(f"{dests[0]}:{i}".encode() for i in range(300)), len(every)
+    assert _remaining(fmt, broker, dests) == 0
+
+
+class _DiesAfterLink:
+    """A connector whose consumers die (their connection closed, no ack sent) where the task acks:
+    a task SIGKILLed between linking its batch file and acknowledging."""
+
+    def __init__(self, connect) -> None:
+        self.connect = connect
+
+    def __call__(self, opts, attempt):
+        consumer = self.connect(opts, attempt)
+        consumer.ack = lambda msgs: consumer.close()
+        return consumer
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["amqp08", "stomp-rabbitmq", "stomp-activemq"])
+def test_a_task_dead_between_link_and_ack_duplicates_nothing(request, case, unique_name, tmp_path):
+    """The broker redelivers the batch-0 messages whose ack never came; the next batches recognise
+    them in batch 0's file and drop them, so every message is in exactly one batch file."""
+    import importlib
+
+    fmt, broker, url, dests = _case(request, case, unique_name)
+    dests = dests[:1]
+    _publish(fmt, url, dests[0], 0, 250)
+    dying = _DiesAfterLink(importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer)
+    every = _bodies(_task(fmt, url, dests, tmp_path, 0, connector=dying))
+    assert len(every) == 100
+    for batch in range(1, 8):
+        every += _bodies(_task(fmt, url, dests, tmp_path, batch))
+        if len(every) >= 250:
+            break
+    time.sleep(0.5)
+    every += _bodies(_task(fmt, url, dests, tmp_path, 9))  # anything still coming back would be a duplicate
+    assert Counter(every) == Counter(f"{dests[0]}:{i}".encode() for i in range(250)), len(every)
+    if broker.kind == "rabbitmq":
+        assert _remaining(fmt, broker, dests) == 0
