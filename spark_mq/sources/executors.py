@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Callable, Iterator, Optional
@@ -55,6 +56,7 @@ from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.dedup import VOLATILE_HEADERS
 from spark_mq.sources.log import open_filesystem
+from spark_mq.sources.reconnect import ReconnectPolicy
 from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources.executors")
@@ -74,7 +76,6 @@ MAX_LANES = 256
 _BATCH = "batch-{:012d}.arrow"
 _POLL = 0.05          # seconds per poll while draining
 _QUIET_END = 0.2      # after the first message, this long without one ends a task's drain (the queue is empty)
-_CONNECT_TRIES = 5    # connect attempts of one task (a broker restarting) before it fails
 
 
 def batch_path(root: str, lane: int, batch: int) -> str:
@@ -263,20 +264,6 @@ def _task_caps(opts: Options, consumers: int) -> tuple:
     return count, opts.taskMaxBytes
 
 
-def _connect(part: TaskPartition):
-    last: Optional[BaseException] = None
-    for attempt in range(_CONNECT_TRIES):
-        try:
-            return part.connector(part.opts, attempt)
-        except (SparkMqError, OSError) as exc:
-            last = exc
-            log.warning("%s source, batch %d lane %d: connect attempt %d failed: %s", part.fmt, part.batch,
-                        part.lane, attempt, exc)
-            time.sleep(min(part.opts.reconnectMaxDelay, part.opts.reconnectDelay * (2 ** attempt)))
-    raise SparkMqError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: no connection "
-                       f"after {_CONNECT_TRIES} attempts: {last}") from last
-
-
 def _drain(consumer, part: TaskPartition) -> list:
     """Deliveries for this task: until the caps, ``taskIngestTime``, or a quiet moment after the first."""
     max_count, max_bytes = _task_caps(part.opts, part.consumers)
@@ -297,47 +284,78 @@ def _drain(consumer, part: TaskPartition) -> list:
     return msgs
 
 
+class TaskDeliveryError(SparkMqError):
+    """A delivery this task cannot take (a poison message): the task fails, retrying cannot mend it."""
+
+
 def _consume(part: TaskPartition, path: str) -> None:
-    """Drain this lane's share of the batch into its file (first attempt wins), then acknowledge."""
-    consumer = _connect(part)
-    won = False
-    try:
-        msgs = _drain(consumer, part)
-        now_us = int(time.time() * 1_000_000)
-        recent = None
-        rows = []
-        first = (part.batch * MAX_LANES + part.lane) * OFFSET_STRIDE
-        duplicates = 0
-        for msg in msgs:
-            try:
-                row = consumer.row(msg, first + len(rows), now_us)
-            except PoisonDelivery as poison:
-                raise SparkMqError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
-                                   f"a delivery cannot be taken: {poison.reason}; it stays in the broker, "
-                                   f"unacknowledged") from poison
-            if row[S.REDELIVERED]:
-                if recent is None:
-                    recent = RecentIdentities(part.root, part.batch, consumer.stable_ids)
-                if task_identity(row[S.BODY], row[S.MESSAGE_ID], row[S.HEADERS], consumer.stable_ids) in recent:
-                    duplicates += 1
-                    continue
-            rows.append(row)
-        schema = S.source_arrow_schema(part.fmt)
-        batches = [S.build_batch(part.fmt, rows)] if rows else []
-        won = _write_first(path, schema, batches, len(rows))
-        if won:
-            consumer.ack(msgs)  # only now: the batch file holds them (and the duplicates were in one)
-            log.info("%s source, batch %d lane %d: %d messages (%d duplicates dropped)", part.fmt, part.batch,
-                     part.lane, len(rows), duplicates)
-        else:
-            log.warning("%s source, batch %d lane %d: another attempt wrote the batch first; %d deliveries go back "
-                     "to the broker", part.fmt, part.batch, part.lane, len(msgs))
-    finally:
-        # the loser (and a failed attempt) closes without acknowledging: the broker redelivers
+    """Drain this lane's share of the batch into its file (first attempt wins), then acknowledge. A
+    connection lost before the link (a broker restart) is connected again, with the driver-side
+    ingest's policy (backoff, a refusal fails after a short grace, ``brokerTimeout``): what the lost
+    session held was not acknowledged, and the broker delivers it again."""
+    policy = ReconnectPolicy(part.fmt, part.opts, threading.Event())
+    while not os.path.exists(path):  # another attempt may link the file while this one reconnects
         try:
-            consumer.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
-            pass
+            consumer = part.connector(part.opts, policy.attempt)
+        except OptionError:
+            raise
+        except (SparkMqError, OSError) as exc:
+            policy.connect_failed(exc)  # raises when the task must fail; else backs off
+            continue
+        policy.session_began()
+        try:
+            _session(consumer, part, path)
+            return
+        except TaskDeliveryError:
+            raise
+        except (SparkMqError, OSError) as exc:
+            log.warning("%s source, batch %d lane %d: connection lost before the batch file was written (%s); "
+                        "connecting again", part.fmt, part.batch, part.lane, exc)
+            policy.session_failed(exc, False)
+        finally:
+            # the loser (and a failed session) closes without acknowledging: the broker redelivers
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+                pass
+
+
+def _session(consumer, part: TaskPartition, path: str) -> None:
+    """One connection's try: drain, drop redeliveries of what a recent batch file holds, link, ack."""
+    msgs = _drain(consumer, part)
+    now_us = int(time.time() * 1_000_000)
+    recent = None
+    rows = []
+    first = (part.batch * MAX_LANES + part.lane) * OFFSET_STRIDE
+    duplicates = 0
+    for msg in msgs:
+        try:
+            row = consumer.row(msg, first + len(rows), now_us)
+        except PoisonDelivery as poison:
+            raise TaskDeliveryError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
+                                    f"a delivery cannot be taken: {poison.reason}; it stays in the broker, "
+                                    f"unacknowledged") from poison
+        if row[S.REDELIVERED]:
+            if recent is None:
+                recent = RecentIdentities(part.root, part.batch, consumer.stable_ids)
+            if task_identity(row[S.BODY], row[S.MESSAGE_ID], row[S.HEADERS], consumer.stable_ids) in recent:
+                duplicates += 1
+                continue
+        rows.append(row)
+    schema = S.source_arrow_schema(part.fmt)
+    batches = [S.build_batch(part.fmt, rows)] if rows else []
+    if not _write_first(path, schema, batches, len(rows)):
+        log.warning("%s source, batch %d lane %d: another attempt wrote the batch first; %d deliveries go back "
+                    "to the broker", part.fmt, part.batch, part.lane, len(msgs))
+        return
+    try:
+        consumer.ack(msgs)  # only now: the batch file holds them (and the duplicates were in one)
+    except (SparkMqError, OSError) as exc:
+        # the file holds them: the broker redelivers them, and the next batches drop them
+        log.warning("%s source, batch %d lane %d: the ack after the batch file failed (%s); the redeliveries "
+                    "will be recognised", part.fmt, part.batch, part.lane, exc)
+    log.info("%s source, batch %d lane %d: %d messages (%d duplicates dropped)", part.fmt, part.batch,
+             part.lane, len(rows), duplicates)
 
 
 def run_task(part: TaskPartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -132,14 +132,18 @@ def test_a_losing_speculative_attempt_gives_its_deliveries_back(request, case, u
     """Two attempts of one task (speculation): both consume, the first to link its file wins. The
     loser's link fails, it closes without acknowledging, and returns the winner's rows; what it had
     drained comes back redelivered and the next batch takes it as new (it is in no file)."""
-    from spark_mq.sources.executors import _consume, batch_path
+    from spark_mq.sources.executors import _consume, _session, batch_path
     fmt, broker, url, dests = _case(request, case, unique_name)
     dests = dests[:1]
     _publish(fmt, url, dests[0], 0, 300)
     first, second = _task(fmt, url, dests, tmp_path, 0), _task(fmt, url, dests, tmp_path, 0)
     path = batch_path(str(tmp_path), 0, 0)
-    _consume(first, path)             # attempt 1 links batch 0
-    _consume(second, path)            # attempt 2 drained other messages, and lost the link
+    consumer = second.connector(second.opts, 0)  # attempt 2 found no file and connected ...
+    try:
+        _consume(first, path)                    # ... attempt 1 drains and links batch 0 ...
+        _session(consumer, second, path)         # ... attempt 2 drains other messages, and loses the link
+    finally:
+        consumer.close()
     assert _bodies(second) == _bodies(first) and len(_bodies(first)) == 100
     later = []
     for batch in range(1, 6):
@@ -186,3 +190,51 @@ def test_a_task_dead_between_link_and_ack_duplicates_nothing(request, case, uniq
     assert Counter(every) == Counter(f"{dests[0]}:{i}".encode() for i in range(250)), len(every)
     if broker.kind == "rabbitmq":
         assert _remaining(fmt, broker, dests) == 0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt,kind", [("amqp08", "rabbitmq"), ("stomp", "rabbitmq"), ("stomp", "activemq")])
+def test_executor_ingest_rides_out_a_broker_restart(spark, request, unique_name, tmp_path, fmt, kind):
+    """The broker is SIGKILLed mid-stream and restarted: tasks that lose their connection (or cannot
+    connect) before linking their batch file connect again and drain anew (what they held comes back
+    from the broker), within brokerTimeout; the query does not fail and every message is read once."""
+    broker = request.getfixturevalue(f"{kind}_isolated")()
+    url = broker.url("amqp" if fmt == "amqp08" else "stomp")
+    dest = unique_name("xr") if fmt == "amqp08" else "/queue/" + unique_name("xr")
+    total = 6000
+    _publish(fmt, url, dest, 0, total)
+    if hasattr(broker, "sync"):
+        broker.sync()  # RabbitMQ: the queue's declaration on disk before the kill
+    r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log"))
+    for k, v in {**_options(fmt, url, [dest]), "ingest": "executors", "consumers": 2, "prefetch": 100,
+                 "taskMaxMessages": 150, "taskIngestTime": "1s", "reconnectDelay": "0.2",
+                 "reconnectMaxDelay": "1"}.items():
+        r = r.option(k, str(v))
+    name = f"executors_broker_kill_{fmt}_{kind}"
+    q = (r.load().select("body").writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="100 milliseconds").start())
+
+    def count() -> int:
+        return spark.sql(f"select count(*) from {name}").collect()[0][0]
+
+    try:
+        deadline = time.monotonic() + 120
+        while count() < 600 and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.1)
+        assert 600 <= count() < total // 2, count()
+        broker.kill()
+        time.sleep(2.0)
+        broker.restart()
+        deadline = time.monotonic() + 240
+        while count() < total and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.5)
+        batches = q.lastProgress["batchId"]
+        while q.lastProgress["batchId"] < batches + 2 and time.monotonic() < deadline:  # duplicates would show
+            time.sleep(0.2)
+        assert q.exception() is None, q.exception()
+    finally:
+        q.stop()
+    rows = spark.sql(f"select body from {name}").collect()
+    assert Counter(r.body for r in rows) == Counter(f"{dest}:{i}".encode() for i in range(total))
