@@ -459,8 +459,9 @@ SOURCE_OPTIONS = define(
         "ingest=executors: the longest a batch's task drains its broker (it ends sooner at taskMaxMessages, "
         "taskMaxBytes, its share of maxMessagesPerTrigger, or 0.2 s without a message after the first). With "
         "nothing to read each batch lasts about this long.")),
-    OptionSpec("taskMaxMessages", OptionType.INT, default=100_000, minimum=1, directions=_SRC,
-               doc="ingest=executors: at most this many messages per task (lane) and batch."),
+    OptionSpec("taskMaxMessages", OptionType.INT, default=50_000, minimum=1, maximum=65_535, directions=_SRC, doc=(
+        "ingest=executors: at most this many messages per task (lane) and batch, and without a 'prefetch' option "
+        "the consumer's prefetch (a task acknowledges at its end; an AMQP prefetch is at most 65535).")),
     OptionSpec("taskMaxBytes", OptionType.SIZE, default=128 << 20, minimum=1, directions=_SRC,
                doc="ingest=executors: a task stops draining once it holds about this many body bytes."),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),

@@ -257,11 +257,23 @@ class TaskPartition(InputPartition):
 
 
 def _task_caps(opts: Options, consumers: int) -> tuple:
+    """``(messages, body bytes)`` one task drains at most: ``taskMaxMessages``, its share of
+    ``maxMessagesPerTrigger``, and ``prefetch`` if given (the broker sends no more unacknowledged)."""
     count = opts.taskMaxMessages
     per_trigger = opts.get("maxMessagesPerTrigger")
     if per_trigger is not None:
         count = min(count, max(1, -(-per_trigger // consumers)))
+    if opts.get("prefetch"):
+        count = min(count, opts.prefetch)
     return count, opts.taskMaxBytes
+
+
+def task_options(opts: Options, consumers: int) -> Options:
+    """A task's options: without a ``prefetch`` option, the prefetch is the task's cap (a task acknowledges
+    only at its end, so the broker must be free to send all it may take)."""
+    if opts.get("prefetch"):
+        return opts
+    return opts.replace(prefetch=_task_caps(opts, consumers)[0])
 
 
 def _drain(consumer, part: TaskPartition) -> list:
@@ -323,6 +335,15 @@ def _consume(part: TaskPartition, path: str) -> None:
 def _session(consumer, part: TaskPartition, path: str) -> None:
     """One connection's try: drain, drop redeliveries of what a recent batch file holds, link, ack."""
     msgs = _drain(consumer, part)
+    # no more deliveries: what arrived meanwhile is taken too, so the ack below leaves nothing in flight
+    # to come back redelivered at the close (a redelivery is looked up by content where the broker's ids
+    # change per session, and two messages of equal content would look like one)
+    consumer.stop_deliveries()
+    while True:
+        more = consumer.poll(65535, 0.001)
+        if not more:
+            break
+        msgs.extend(more)
     now_us = int(time.time() * 1_000_000)
     recent = None
     rows = []
@@ -453,8 +474,8 @@ class ExecutorStreamReader(DataSourceStreamReader):
         parts = []
         for b in range(s, e):
             for lane in range(consumers):
-                parts.append(TaskPartition(len(parts), self.fmt, self.opts, self._connector, b, lane, consumers,
-                                           self.root))
+                parts.append(TaskPartition(len(parts), self.fmt, task_options(self.opts, consumers), self._connector,
+                                           b, lane, consumers, self.root))
         return parts
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:

@@ -313,7 +313,7 @@ def held():
     return bodies
 
 df = (spark.readStream.format(fmt).option("uri", url).option("queue" if fmt == "amqp08" else "destination", dests)
-      .option("ingest", "executors").option("consumers", "4").option("prefetch", "100")
+      .option("ingest", "executors").option("consumers", "4")
       .option("taskMaxMessages", "150").option("taskIngestTime", "1s")
       .option("logLocation", os.path.join(shared, "log")).load())
 q = (df.writeStream.foreachBatch(sink).option("checkpointLocation", os.path.join(shared, "ckpt"))

@@ -69,7 +69,7 @@ def test_two_queues_four_consumers_on_executors_read_every_message_once(spark, r
                           .collect()]
 
     r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log"))
-    for k, v in {**_options(fmt, url, dests), "ingest": "executors", "consumers": 4, "prefetch": 50,
+    for k, v in {**_options(fmt, url, dests), "ingest": "executors", "consumers": 4,
                  "taskIngestTime": "1s", "taskMaxMessages": 400}.items():
         r = r.option(k, str(v))
     q = r.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")) \
@@ -238,3 +238,41 @@ def test_executor_ingest_rides_out_a_broker_restart(spark, request, unique_name,
         q.stop()
     rows = spark.sql(f"select body from {name}").collect()
     assert Counter(r.body for r in rows) == Counter(f"{dest}:{i}".encode() for i in range(total))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["amqp08"])
+def test_equal_messages_are_all_read_across_batches(request, case, unique_name, tmp_path):
+    """amqp08 (STOMP cannot stop a subscription and still acknowledge: see StompConsumer). 600 messages of the same body and no id (a heartbeat, a fixed status event), drained 200 per
+    task with a prefetch of 300. A task that acknowledged while its subscription still ran would get
+    more deliveries before its close, which would come back redelivered; looked up by content (these
+    brokers' ids are not stable) they match the batch file's equal messages and would be dropped as
+    duplicates: lost. The task stops deliveries first and takes what came meanwhile."""
+    fmt, broker, url, dests = _case(request, case, unique_name)
+    dest = dests[0]
+    if fmt == "amqp08":
+        with Connection.from_url(url) as conn:
+            ch = conn.channel()
+            ch.queue_declare(dest, durable=True)
+            ch.publish_many(("", dest, b"same", BasicProperties(delivery_mode=2)) for _ in range(600))
+            ch.queue_declare(dest, passive=True)
+    else:
+        with StompClient.from_uri(url) as client:
+            for _ in range(600):
+                client.send(dest, b"same", headers={"persistent": "true"})
+            client.flush()
+    import importlib
+
+    from spark_mq.options import SOURCE, parse_options
+    from spark_mq.sources.executors import TaskPartition
+    opts = parse_options({**_options(fmt, url, [dest]), "logLocation": str(tmp_path), "ingest": "executors",
+                          "prefetch": "300", "taskIngestTime": "2s"}, format=fmt, direction=SOURCE)
+    connect = importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer
+    got = []
+    for batch in range(8):
+        # a task that takes at most 200 (its share of maxMessagesPerTrigger) while the broker may send 300
+        part = TaskPartition(0, fmt, opts.replace(maxMessagesPerTrigger=200), connect, batch, 0, 1, str(tmp_path))
+        got += _bodies(part)
+        if _remaining(fmt, broker, [dest]) == 0 and len(got) >= 600:
+            break
+    assert len(got) == 600 and set(got) == {b"same"}, len(got)

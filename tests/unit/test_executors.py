@@ -161,4 +161,14 @@ def test_the_driver_side_ingest_refuses_a_location_of_executor_ingest(tmp_path):
 def test_task_caps_share_max_messages_per_trigger_over_the_lanes(tmp_path):
     assert X._task_caps(_opts(tmp_path, maxMessagesPerTrigger=1000), 4)[0] == 250
     assert X._task_caps(_opts(tmp_path, taskMaxMessages=10, maxMessagesPerTrigger=1000), 4)[0] == 10
-    assert X._task_caps(_opts(tmp_path), 4) == (100_000, 128 << 20)
+    assert X._task_caps(_opts(tmp_path), 4) == (50_000, 128 << 20)
+    assert X._task_caps(_opts(tmp_path, prefetch=300, maxMessagesPerTrigger=2000), 4)[0] == 300
+
+
+def test_a_task_prefetches_what_it_may_take(tmp_path):
+    """A task acknowledges at its end: with the default prefetch (1000) the broker would stop there."""
+    assert X.task_options(_opts(tmp_path, taskMaxMessages=5000), 2).prefetch == 5000
+    assert X.task_options(_opts(tmp_path, maxMessagesPerTrigger=1000), 4).prefetch == 250
+    assert X.task_options(_opts(tmp_path, prefetch=70), 4).prefetch == 70
+    with pytest.raises(OptionError, match="taskMaxMessages"):
+        _opts(tmp_path, taskMaxMessages=70_000)

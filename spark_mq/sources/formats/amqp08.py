@@ -95,6 +95,7 @@ class Amqp08Consumer(Consumer):
             if not self.auto:
                 self.ch.basic_qos(prefetch_count=prefetch_of(opts))
             tags = {self.ch.basic_consume(queue, no_ack=self.auto): queue for queue in self.queues}
+            self._tags = list(tags)
             if len(tags) > 1:
                 self.queue_of = tags
         except BaseException:
@@ -161,6 +162,13 @@ class Amqp08Consumer(Consumer):
             f"its properties ({len(p.raw)} bytes) cannot be decoded: {p.error} (exchange {msg.exchange!r}, "
             f"routing key {msg.routing_key!r}, {len(msg.body)} bytes of body)",
             msg=msg, destination=self._queue(msg), body=msg.body, headers=[("properties", p.raw.hex())])
+
+    def stop_deliveries(self) -> None:
+        """basic.cancel of each consumer (waits for cancel-ok): deliveries already sent stay
+        acknowledgeable on the channel, and nothing more comes."""
+        for tag in self._tags:
+            self.ch.basic_cancel(tag)
+        self._tags = []
 
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:

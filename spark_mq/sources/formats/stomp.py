@@ -215,6 +215,12 @@ class StompConsumer(Consumer):
             self.client.ack(frame)
         return None
 
+    # stop_deliveries: none (the base's no-op). An UNSUBSCRIBE would end the deliveries, but both brokers
+    # refuse the ACK that must follow it (RabbitMQ: "Subscription not found"; ActiveMQ gives a removed
+    # subscription's unacknowledged messages to other consumers). So with ingest=executors what the broker
+    # sends between a task's ACK and its DISCONNECT comes back redelivered: recognised exactly by id on
+    # ActiveMQ; on RabbitMQ by content (docs/sources.md, "Ingest on the executors").
+
     def ack(self, frames: list) -> None:
         if self.auto or not frames:
             return
