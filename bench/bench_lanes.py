@@ -1,26 +1,29 @@
-"""Lanes: one stream source draining one preloaded queue with ``consumers`` = 1, 2 and 4, in the same run.
+"""Lanes: one stream source draining one preloaded queue with ``consumers`` = 1, 2 and 4, with the ingest on
+the driver and on the executors, in the same run.
 
-Why (issue 45, item 5): with N consumers a query has N lanes, each its own connection, ingest thread,
-flusher and log (``spark_mq.sources.lanes``). Today every lane runs in the driver-side reader
-process, so the lanes' waits (the broker, the fsyncs) overlap and their Python does not: one
-process holds one interpreter lock. This measures what that gives, and the figure a model of more
-processes needs: the CPU per message of the reader process (all its lanes together), which should
-stay flat from 1 to 4 lanes (a lane costs what a single consumer costs; more lanes only add
-threads), against the throughput, which the cores and the interpreter lock bound.
+Why (issue 45, item 5): with N consumers a query has N lanes. With ``ingest=driver`` (the default) every
+lane is an ingest thread in the driver-side reader process: the lanes' waits (the broker, the fsyncs)
+overlap and their Python does not, as one process holds one interpreter lock. With ``ingest=executors``
+each lane of each batch is a Spark task in a Python worker: a process of its own, so a lane costs what it
+costs alone and lanes add up with the executors' cores. This measures, per placement, the throughput and
+the CPU per message of the lanes' processes (the reader process; the Python workers), which should stay
+flat from 1 to 4 lanes where the lanes are separate processes. On this 2-core machine the throughput is
+bounded by the cores either way; docs/performance.md models throughput against executors from these costs.
 
 For each row (amqp08 and stomp on RabbitMQ, stomp on ActiveMQ) and round: the peer library a user
 would otherwise reach for (pika, stomp.py: one consumer, acking every 100) drains N messages of
-100 B, then the source with ``consumers`` = 1, 2, 4 (the order turned by one each round, so a noisy
-minute of this shared machine does not always land on the same count) drains N more each,
-``trigger(availableNow=True)`` into Spark's ``noop`` sink, default options otherwise. Each run's
-CPU seconds by process kind (``bench.common.ProcessCpu``: reader, jvm, pyworkers, broker) are
-divided by N.
+100 B, then the source in each variant (``consumers`` 1, 2, 4 x ``ingest`` driver, executors; the order
+turned by one each round, so a noisy minute of this shared machine does not always land on the same
+variant) drains N more each, ``trigger(availableNow=True)`` into Spark's ``noop`` sink in ``local[2]``,
+default options otherwise (executors: ``taskIngestTime=1s``, so the run's last batch, which finds
+nothing, lasts a second). Each run's CPU seconds by process kind (``bench.common.ProcessCpu``: reader,
+jvm, pyworkers, broker) are divided by N.
 
-    python -m bench lanes                       # ~12 minutes: 3 rows x (peer + 3 lane counts) x 2 rounds
-    python -m bench lanes --only=amqp08 --rounds=1 --n=20000   # a quick check (writes nothing)
+    python -m bench lanes                       # ~25 minutes: 3 rows x (peer + 6 variants) x 2 rounds
+    python -m bench lanes --only=amqp08 --rounds=1 --n=20000 --placement=executors   # a quick check (writes nothing)
 
-Malamute is left out: its lanes compete only for a ``service`` (mailbox lists are refused) and the
-benchmark's preload and peer speak to mailboxes.
+Malamute is left out: its lanes compete only for a ``service`` (mailbox lists are refused), the
+benchmark's preload and peer speak to mailboxes, and ``ingest=executors`` is refused for it.
 """
 
 from __future__ import annotations
@@ -45,39 +48,64 @@ def _per_msg(cpu: dict, n: int) -> dict:
     return {kind: round(seconds / n * 1e6, 1) for kind, seconds in cpu.items()}
 
 
+#: (key, consumers, placement, the process kind whose CPU is the lanes'): the driver-side lanes run in the
+#: reader process; on the executors each lane's task runs in a Python worker
+VARIANTS = (("1", 1, "driver", "reader"), ("2", 2, "driver", "reader"), ("4", 4, "driver", "reader"),
+            ("e1", 1, "executors", "pyworkers"), ("e2", 2, "executors", "pyworkers"),
+            ("e4", 4, "executors", "pyworkers"))
+PLACEMENTS = {"driver": ("1", "2", "4"), "executors": ("e1", "e2", "e4")}
+#: executor-side options: a task drains for at most a second (the run's last, empty batch lasts that long)
+EXECUTOR_OPTIONS = {"ingest": "executors", "taskIngestTime": "1s"}
+
+
 def summary(measured: dict) -> dict:
-    """Per row: the peer's median rate, and per lane count the median round by rate, with its rate
-    and its reader process's CPU per message over those of 1 lane (``rate_vs_1``, ``reader_cpu_vs_1``)."""
+    """Per row: the peer's median rate, and per variant the median round by rate, with its rate and
+    its lanes' CPU per message (the reader process's, or the Python workers') over those of 1 lane of
+    the same placement (``rate_vs_1``, ``lane_cpu_vs_1``)."""
     out: dict = {}
     for row, runs in measured.items():
         fig = {"peer": runs[0]["peer"], "peer_msgs_per_s": sorted(r["peer_msgs_per_s"] for r in runs)[len(runs) // 2],
                "rounds": runs}
-        for lanes in LANES:
-            by_rate = sorted((r[str(lanes)] for r in runs), key=lambda x: x["msgs_per_s"])
-            fig[str(lanes)] = dict(by_rate[len(by_rate) // 2])
-        one = fig["1"]
-        for lanes in LANES:
-            m = fig[str(lanes)]
-            m["rate_vs_1"] = m["msgs_per_s"] / one["msgs_per_s"]
-            m["reader_cpu_vs_1"] = m["cpu_us_per_msg"].get("reader", 0.0) / max(one["cpu_us_per_msg"].get("reader", 0.0), 1e-9)
+        for key, _, _, _ in VARIANTS:
+            if all(key in r for r in runs):
+                by_rate = sorted((r[key] for r in runs), key=lambda x: x["msgs_per_s"])
+                fig[key] = dict(by_rate[len(by_rate) // 2])
+        for keys in PLACEMENTS.values():
+            if keys[0] not in fig:
+                continue
+            kind = next(v[3] for v in VARIANTS if v[0] == keys[0])
+            one = fig[keys[0]]
+            for key in keys:
+                m = fig[key]
+                m["lane_cpu_us_per_msg"] = m["cpu_us_per_msg"].get(kind, 0.0)
+                m["rate_vs_1"] = m["msgs_per_s"] / one["msgs_per_s"]
+                m["lane_cpu_vs_1"] = m["lane_cpu_us_per_msg"] / max(one["cpu_us_per_msg"].get(kind, 0.0), 1e-9)
         out[row] = fig
     return out
 
 
 def readme_rows(rows: dict, n: int, rounds: int) -> list:
-    return [(f"{row} source, consumers 1 / 2 / 4", f"{n:,} x {BODY} B, availableNow, median of {rounds}",
-             " / ".join(f"{out[str(k)]['msgs_per_s']:,.0f}" for k in LANES) + " msg/s",
-             "x" + " / x".join(f"{out[str(k)]['rate_vs_1']:.2f}" for k in LANES) + " rate, reader CPU/msg x"
-             + " / x".join(f"{out[str(k)]['reader_cpu_vs_1']:.2f}" for k in LANES) + " of 1 lane; 1 lane x"
-             + f"{out['1']['msgs_per_s'] / out['peer_msgs_per_s']:.2f} of {out['peer']}",
-             "CPU/msg flat")
-            for row, out in rows.items()]
+    out = []
+    for row, fig in rows.items():
+        for placement, keys in PLACEMENTS.items():
+            if keys[0] not in fig:
+                continue
+            where = "reader" if placement == "driver" else "task"
+            out.append((f"{row} source, consumers 1 / 2 / 4, ingest={placement}",
+                        f"{n:,} x {BODY} B, availableNow, median of {rounds}",
+                        " / ".join(f"{fig[k]['msgs_per_s']:,.0f}" for k in keys) + " msg/s",
+                        "x" + " / x".join(f"{fig[k]['rate_vs_1']:.2f}" for k in keys) + f" rate, {where} CPU/msg x"
+                        + " / x".join(f"{fig[k]['lane_cpu_vs_1']:.2f}" for k in keys) + " of 1 lane; 1 lane x"
+                        + f"{fig[keys[0]]['msgs_per_s'] / fig['peer_msgs_per_s']:.2f} of {fig['peer']}",
+                        "CPU/msg flat"))
+    return out
 
 
 def main(argv: list[str]) -> dict:
     rounds = max(1, _arg(argv, "rounds", ROUNDS))
     n = _arg(argv, "n", N)
     only = _arg(argv, "only", None, str)
+    placements = tuple((_arg(argv, "placement", None, str) or "driver,executors").split(","))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     brokers = harness()
@@ -103,28 +131,30 @@ def main(argv: list[str]) -> dict:
         for row, (preload, _raw, options) in protocols.items():
             warm_workers(spark, row, preload, options)
         for rnd in range(rounds):
-            order = LANES[rnd % len(LANES):] + LANES[:rnd % len(LANES)]
+            variants = [v for v in VARIANTS if v[2] in placements]
+            order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
             for row, (preload, _raw, options) in protocols.items():
                 name = f"bench-lanes-{row}-{uuid.uuid4().hex[:6]}"
                 peer_name, peer = peers[row]
                 peer_s, peer_cpu = timed_drain(preload, peer, name + "-peer", n, BODY, f"{row}: {peer_name}")
                 runs = {"peer": peer_name, "peer_msgs_per_s": n / peer_s, "peer_cpu_us_per_msg": _per_msg(peer_cpu.seconds, n)}
                 print(f"round {rnd + 1}: {row} {peer_name} {n / peer_s:,.0f} msg/s", flush=True)
-                for lanes in order:
-                    queue = f"{name}-{lanes}"
+                for key, lanes, placement, _ in order:
+                    queue = f"{name}-{key}"
                     preload(queue, n, BODY)
                     warm_workers(spark, row, preload, options)
                     settle()
+                    extra = EXECUTOR_OPTIONS if placement == "executors" else {}
                     with ProcessCpu() as cpu:
                         got, seconds, _q, in_batches, *_ = run_source(
-                            spark, format_of(row), {**options(queue), "consumers": str(lanes)},
+                            spark, format_of(row), {**options(queue), **extra, "consumers": str(lanes)},
                             tempfile.mkdtemp(prefix="bench-lanes-log-"))
                     if got != n:
-                        raise RuntimeError(f"{row} consumers={lanes}: the source read {got} of {n}")
+                        raise RuntimeError(f"{row} consumers={lanes} ingest={placement}: the source read {got} of {n}")
                     per = _per_msg(cpu.seconds, n)
-                    runs[str(lanes)] = {"msgs_per_s": n / seconds, "seconds": seconds, "in_batches_seconds": in_batches,
-                                        "cpu_us_per_msg": per, "peer_ratio": (n / seconds) / (n / peer_s)}
-                    print(f"round {rnd + 1}: {row} consumers={lanes}: {n / seconds:,.0f} msg/s "
+                    runs[key] = {"msgs_per_s": n / seconds, "seconds": seconds, "in_batches_seconds": in_batches,
+                                 "cpu_us_per_msg": per, "peer_ratio": (n / seconds) / (n / peer_s)}
+                    print(f"round {rnd + 1}: {row} consumers={lanes} ingest={placement}: {n / seconds:,.0f} msg/s "
                           f"(x{peer_s / seconds:.2f} of {peer_name}); CPU us/msg {per}", flush=True)
                 measured.setdefault(row, []).append(runs)
     finally:
@@ -133,17 +163,21 @@ def main(argv: list[str]) -> dict:
         if activemq is not None:
             activemq._shutdown()
     figures: dict = {"n": n, "body_bytes": BODY, "rounds": rounds, "lanes": list(LANES), "cpus": os.cpu_count(),
+                     "placements": list(placements),
                      "rows": summary(measured)}
-    print(f"median of {rounds} round(s) by rate, per lane count")
-    print(f"{'row':15} {'lanes':>5} {'msg/s':>9} {'x 1 lane':>8} {'reader us/msg':>13} {'x 1 lane':>8} {'all us/msg':>10}")
+    print(f"median of {rounds} round(s) by rate, per lane count and placement (lane CPU: the reader "
+          f"process's with ingest=driver, the Python workers' with ingest=executors)")
+    print(f"{'row':15} {'ingest':>9} {'lanes':>5} {'msg/s':>9} {'x 1 lane':>8} {'lane us/msg':>11} {'x 1 lane':>8} "
+          f"{'all us/msg':>10}")
     for row, out in figures["rows"].items():
-        for lanes in LANES:
-            m = out[str(lanes)]
-            print(f"{row:15} {lanes:5d} {m['msgs_per_s']:9,.0f} {m['rate_vs_1']:8.2f} "
-                  f"{m['cpu_us_per_msg'].get('reader', 0.0):13.1f} {m['reader_cpu_vs_1']:8.2f} "
-                  f"{sum(m['cpu_us_per_msg'].values()):10.1f}")
+        for key, lanes, placement, _ in VARIANTS:
+            if key not in out:
+                continue
+            m = out[key]
+            print(f"{row:15} {placement:>9} {lanes:5d} {m['msgs_per_s']:9,.0f} {m['rate_vs_1']:8.2f} "
+                  f"{m['lane_cpu_us_per_msg']:11.1f} {m['lane_cpu_vs_1']:8.2f} {sum(m['cpu_us_per_msg'].values()):10.1f}")
     figures["readme_rows"] = readme_rows(figures["rows"], n, rounds)
-    write_results("lanes", figures, partial=bool(only) or n != N or rounds != ROUNDS)
+    write_results("lanes", figures, partial=bool(only) or n != N or rounds != ROUNDS or len(placements) < 2)
     return figures
 
 
