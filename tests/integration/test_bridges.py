@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ from urllib.parse import urlsplit
 
 import pika
 import pytest
+
+from killing import kill_group
 import stomp as stomppy
 
 import spark_mq
@@ -288,14 +289,6 @@ def _start(cmd: list, log_file) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
-
-
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("source,sink", [("amqp08", "stomp"), ("stomp", "amqp08"), ("malamute", "amqp08")])
 def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_per_message(
@@ -328,14 +321,14 @@ def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_pe
                     time.sleep(0.01)
                 time.sleep(rng.uniform(0.0, 0.2))
             finally:
-                _kill(proc)
+                kill_group(proc)
             kills += _batches(ckpt, "offsets") > _batches(ckpt, "commits")
         assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
         proc = _start(_bridge_cmd(src, dst, state, "--available-now"), out)
         try:
             assert proc.wait(400) == 0, f"the final run failed; see {tmp_path}/bridge.log"
         finally:
-            _kill(proc)
+            kill_group(proc)
     assert "bridge: done:" in (tmp_path / "bridge.log").read_text()
     got = dst.read_back(KILL_N)
     by_id: dict = {}

@@ -9,11 +9,7 @@ so a kill is a real crash, not a stop. Every wait is bounded.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,7 +19,7 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
-from killing import committed_batches, kill_group, last_batch, mid_batch, start_child  # noqa: F401
+from killing import committed_batches, kill_group, last_batch, mid_batch, start_child
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,8 @@ fails naming it. Every query and wait is bounded.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -28,7 +24,7 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
-from killing import committed_batches, kill_group, last_batch, mid_batch, start_child  # noqa: F401
+from killing import committed_batches, kill_group, mid_batch, start_child
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from killing import kill_group, last_batch
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.malamute import MalamuteClient
@@ -371,19 +372,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _batches(ckpt: Path, log: str) -> int:
-    d = ckpt / log
-    return max((int(f) for f in os.listdir(d) if f.isdigit()), default=-1) if d.exists() else -1
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["rabbitmq", "activemq"])
 @pytest.mark.parametrize("ack_mode", ["durable", "commit"])
@@ -409,28 +397,28 @@ def test_stomp_two_destinations_query_killed_mid_batch_loses_and_duplicates_noth
     with open(tmp_path / "children.log", "w") as child_log:
         while kills < 3 and attempts < 8:
             attempts += 1
-            before = _batches(Path(ckpt), "commits")
+            before = last_batch(Path(ckpt), "commits")
             proc = start("stream")
             try:
                 deadline = time.monotonic() + 180
-                while _batches(Path(ckpt), "commits") <= before and time.monotonic() < deadline:
+                while last_batch(Path(ckpt), "commits") <= before and time.monotonic() < deadline:
                     if proc.poll() is not None:
                         pytest.fail(f"child query exited early ({proc.returncode}); see {tmp_path}/children.log")
                     time.sleep(0.1)
-                assert _batches(Path(ckpt), "commits") > before, "no batch committed within 180s"
+                assert last_batch(Path(ckpt), "commits") > before, "no batch committed within 180s"
                 deadline = time.monotonic() + 60
-                while (_batches(Path(ckpt), "offsets") <= _batches(Path(ckpt), "commits")
+                while (last_batch(Path(ckpt), "offsets") <= last_batch(Path(ckpt), "commits")
                        and time.monotonic() < deadline):
                     time.sleep(0.01)
             finally:
-                _kill_group(proc)
-            kills += _batches(Path(ckpt), "offsets") > _batches(Path(ckpt), "commits")
+                kill_group(proc)
+            kills += last_batch(Path(ckpt), "offsets") > last_batch(Path(ckpt), "commits")
         assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
         proc = start("final")
         try:
             proc.wait(400)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
     got = json.loads(Path(result).read_text())
     assert got["error"] is None, got["error"]
     bodies = [b for b, _ in got["rows"]]
