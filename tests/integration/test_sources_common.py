@@ -329,6 +329,42 @@ def _cut_connection(fmt: str, broker, user: str, consumer) -> None:
     raise AssertionError(f"no socket found in {consumer!r}")
 
 
+def _where_they_are(broker, queue: str, ing, bodies: list, body: list) -> dict:
+    """The failure message of the prefetch-in-flight cut test: what the log lacks or holds twice (the
+    first 50 of each, sorted as text), what the ingest and its client hold, and the broker's view of
+    the queue, its consumers, channels and connections (a stall: are the missing messages ready,
+    unacknowledged on a consumer, or gone from the queue?)."""
+    from collections import Counter
+
+    got, want = Counter(bodies), Counter(body)
+    consumer = ing._consumer
+    client = getattr(consumer, "client", None)
+    driver = getattr(client, "_driver", None)
+    view = dict(
+        logged=len(bodies), missing=sorted(b.decode() for b in want - got)[:50],
+        twice=sorted(b.decode() for b in got - want)[:50], consumed=ing.consumed,
+        redeliveries=ing.redeliveries, duplicates=ing.duplicates, reconnects=ing.reconnects, paused=ing.paused,
+        connected=ing.connected, error=repr(ing.error), head=ing.log.head, durable=ing.log.durable_head,
+        committed=ing.committed, ingest_alive=ing._thread is not None and ing._thread.is_alive(),
+        buffered=consumer.buffered() if consumer is not None else None,
+        client_closed=repr(getattr(client, "_closed", None)), client_error=repr(getattr(client, "_error", None)),
+        reader_alive=getattr(driver, "alive", None), reading_paused=getattr(driver, "reading_paused", None))
+    for what, args in (("queues", ("list_queues", "name", "type", "messages_ready", "messages_unacknowledged",
+                                   "consumers")),
+                       ("consumers", ("list_consumers", "queue_name", "channel_pid", "consumer_tag",
+                                      "ack_required", "prefetch_count")),
+                       ("channels", ("list_channels", "pid", "connection", "user", "consumer_count",
+                                     "messages_unacknowledged", "prefetch_count")),
+                       ("connections", ("list_connections", "pid", "user", "protocol", "state", "channels",
+                                        "peer_port"))):
+        try:
+            out = broker.ctl(*args)
+            view[what] = [line for line in out.splitlines() if what != "queues" or queue in line]
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: never hide the failure behind it
+            view[what] = f"rabbitmqctl failed: {exc}"
+    return view
+
+
 @pytest.mark.parametrize("fmt,queue_type", [("amqp08", "classic"), ("stomp", "classic"), ("amqp08", "quorum"),
                                             ("stomp", "quorum")])
 def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing(fmt, queue_type, rabbitmq,
@@ -352,21 +388,34 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
     if queue_type == "quorum":
         with Connection.from_url(rabbitmq.url("amqp")) as conn:
             conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    # Published with a confirmation before the publisher's connection closes: RabbitMQ 3.10 can drop
+    # the last unconfirmed messages sent to a quorum queue when the connection closes right after them
+    # (seen: a STOMP flush, i.e. a receipt for an empty BEGIN/ABORT, then DISCONNECT lost the last 3 to
+    # 252 of the 1000 in about 1 run in 10; the queue then held none of them, so the ingest waited for
+    # messages that never were in the queue). The queue's enqueue commands are pipelined at low
+    # priority and its handling of the publisher's channel going down can be applied before the last
+    # of them, which it then refuses as out of sequence (rabbit_fifo: handle_down, maybe_enqueue).
     if fmt == "amqp08":
         dest = queue
         with Connection.from_url(rabbitmq.url("amqp")) as conn:
             ch = conn.channel()
             ch.queue_declare(dest, durable=True, arguments={"x-queue-type": queue_type})
+            ch.tx_select()  # RabbitMQ answers tx.commit once every publish of it is confirmed
             ch.publish_many(("", dest, b, BasicProperties(delivery_mode=2)) for b in body)
-            ch.queue_declare(dest, passive=True)
+            ch.tx_commit()
         options = {"uri": rabbitmq.url("amqp", user=user, password=password), "queue": dest}
     else:
         dest = ("/amq/queue/" if queue_type == "quorum" else "/queue/") + queue
         with StompClient.from_uri(rabbitmq.url("stomp")) as client:
-            for b in body:
+            for b in body[:-1]:
                 client.send(dest, b, headers={"persistent": "true"})
-            client.flush()
+            # RabbitMQ answers a SEND's receipt once it has confirmed it, and a queue confirms one
+            # channel's messages in order: every SEND before it is in the queue too
+            client.send(dest, body[-1], headers={"persistent": "true"}, receipt=True)
         options = {"uri": rabbitmq.url("stomp", user=user, password=password), "destination": dest}
+    with Connection.from_url(rabbitmq.url("amqp")) as conn:
+        ready = conn.channel().queue_declare(queue, passive=True).message_count
+    assert ready == total, f"the queue holds {ready} of the {total} messages published: lost before the test began"
     opts = parse_options({**options, "logLocation": str(tmp_path / "log"), "prefetch": "100",
                           "maxUncommittedMessages": "300", "fsyncMessages": "50", "reconnectDelay": "0.2"},
                          format=fmt, direction=SOURCE)
@@ -392,9 +441,9 @@ def test_a_connection_cut_with_a_prefetch_in_flight_loses_and_duplicates_nothing
         head = ing.log.durable_head
         bodies += [b for batch in ing.log.read(committed, head) for b in batch.column("body").to_pylist()]
         assert ing.reconnects >= 1 and ing.redeliveries >= 100, (ing.reconnects, ing.redeliveries)
-        assert Counter(bodies) == Counter(body), dict(
-            logged=len(bodies), redeliveries=ing.redeliveries, duplicates=ing.duplicates, reconnects=ing.reconnects,
-            paused=ing.paused, buffered=ing._consumer.buffered() if ing._consumer else None, head=ing.log.head)
+        if Counter(bodies) != Counter(body):  # pytest.fail: a message in full (an assert's is cut short)
+            pytest.fail("not every message reached the log once: " +
+                        json.dumps(_where_they_are(rabbitmq, queue, ing, bodies, body), indent=1, default=str))
         ing.stop()  # closing gives back whatever was delivered and not acked: nothing may be
         with Connection.from_url(rabbitmq.url("amqp")) as conn:
             left = conn.channel().queue_declare(dest.rsplit("/", 1)[-1], passive=True).message_count
