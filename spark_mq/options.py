@@ -461,7 +461,9 @@ SOURCE_OPTIONS = define(
         "nothing to read each batch lasts about this long.")),
     OptionSpec("taskMaxMessages", OptionType.INT, default=50_000, minimum=1, maximum=65_535, directions=_SRC, doc=(
         "ingest=executors: at most this many messages per task (lane) and batch, and without a 'prefetch' option "
-        "the consumer's prefetch (a task acknowledges at its end; an AMQP prefetch is at most 65535).")),
+        "the consumer's prefetch (a task acknowledges at its end; an AMQP prefetch is at most 65535). A broker's "
+        "prefetch counts messages, not bytes: a task may hold up to this many in memory, so with large messages "
+        "lower it to about taskMaxBytes / message size.")),
     OptionSpec("taskMaxBytes", OptionType.SIZE, default=128 << 20, minimum=1, directions=_SRC,
                doc="ingest=executors: a task stops draining once it holds about this many body bytes."),
     OptionSpec("ackMode", OptionType.ENUM, default="durable", choices=("durable", "commit", "auto"),

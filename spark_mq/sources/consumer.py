@@ -87,13 +87,14 @@ class Consumer(ABC):
     def resume(self) -> None:
         """Undo ``pause``."""
 
-    def stop_deliveries(self) -> None:
+    def stop_deliveries(self) -> bool:
         """Executor-side ingest, before acknowledging a task's deliveries: ask the broker to send no more
         on this connection and wait until it confirms, where what was delivered stays acknowledgeable
-        (AMQP basic.cancel; STOMP UNSUBSCRIBE on RabbitMQ, whose subscription is an AMQP consumer). What
-        arrived before the confirmation is still returned by ``poll``. Default: nothing (the broker
+        (AMQP basic.cancel; not STOMP, whose brokers refuse an ACK after UNSUBSCRIBE). What arrived
+        before the confirmation is still returned by ``poll``. Default: nothing (the broker
         keeps sending up to its prefetch; what the connection holds unacknowledged at its close comes
-        back redelivered)."""
+        back redelivered). Returns whether deliveries stopped."""
+        return False
 
     def keepalive(self) -> None:
         """Called while the ingest pauses: a client driven by the ingest's calls keeps its heartbeat."""

@@ -297,7 +297,8 @@ def _drain(consumer, part: TaskPartition) -> list:
 
 
 class TaskDeliveryError(SparkMqError):
-    """A delivery this task cannot take (a poison message): the task fails, retrying cannot mend it."""
+    """A delivery this task cannot take (a poison message), or a batch file it cannot write: the task fails
+    (Spark retries it), as connecting again cannot mend it."""
 
 
 def _consume(part: TaskPartition, path: str) -> None:
@@ -338,12 +339,12 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
     # no more deliveries: what arrived meanwhile is taken too, so the ack below leaves nothing in flight
     # to come back redelivered at the close (a redelivery is looked up by content where the broker's ids
     # change per session, and two messages of equal content would look like one)
-    consumer.stop_deliveries()
-    while True:
-        more = consumer.poll(65535, 0.001)
-        if not more:
-            break
-        msgs.extend(more)
+    if consumer.stop_deliveries():
+        while True:
+            more = consumer.poll(65535, 0.001)
+            if not more:
+                break
+            msgs.extend(more)
     now_us = int(time.time() * 1_000_000)
     recent = None
     rows = []
@@ -364,8 +365,14 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
                 continue
         rows.append(row)
     schema = S.source_arrow_schema(part.fmt)
-    batches = [S.build_batch(part.fmt, rows)] if rows else []
-    if not _write_first(path, schema, batches, len(rows)):
+    try:
+        batches = [S.build_batch(part.fmt, rows)] if rows else []
+        won = _write_first(path, schema, batches, len(rows))
+    except Exception as exc:  # noqa: BLE001 - a full disk, a value no column holds: not the connection's fault
+        raise TaskDeliveryError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
+                                f"could not write the batch file {path}: {type(exc).__name__}: {exc}; nothing "
+                                f"was acknowledged") from exc
+    if not won:
         log.warning("%s source, batch %d lane %d: another attempt wrote the batch first; %d deliveries go back "
                     "to the broker", part.fmt, part.batch, part.lane, len(msgs))
         return

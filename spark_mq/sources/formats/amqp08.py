@@ -163,12 +163,13 @@ class Amqp08Consumer(Consumer):
             f"routing key {msg.routing_key!r}, {len(msg.body)} bytes of body)",
             msg=msg, destination=self._queue(msg), body=msg.body, headers=[("properties", p.raw.hex())])
 
-    def stop_deliveries(self) -> None:
+    def stop_deliveries(self) -> bool:
         """basic.cancel of each consumer (waits for cancel-ok): deliveries already sent stay
         acknowledgeable on the channel, and nothing more comes."""
         for tag in self._tags:
             self.ch.basic_cancel(tag)
         self._tags = []
+        return True
 
     def ack(self, msgs: list) -> None:
         if not self.auto and msgs:
