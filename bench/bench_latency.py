@@ -389,8 +389,8 @@ def main(argv: list) -> dict:
     cases: list = [(FLOOR, floor_reader, None)]
     for row in formats:
         for placement in PLACEMENTS:
-            if placement == "executors" and row == "malamute":
-                continue  # refused: Malamute has no acknowledgements (spark_mq.sources.executors)
+            if placement == "executors" and row in ("malamute", "stomp"):
+                continue  # refused: Malamute has no acks; RabbitMQ's STOMP adapter (spark_mq.sources.executors)
             for variant in ("",) + (variants if placement == "driver" else EXECUTOR_VARIANTS):
                 key = f"{row}/{placement}" + (f"/{variant}" if variant else "")
                 options, producer = endpoint(row, f"latency-{row}-{uuid.uuid4().hex[:6]}")

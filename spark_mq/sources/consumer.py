@@ -40,6 +40,8 @@ class Consumer(ABC):
     #: in durable mode on a local fsynced log, the flusher thread fsyncs each group and acks it as soon
     #: as it is durable, while the ingest gathers the next (the broker wakes at acks: ActiveMQ)
     ack_when_durable: bool = False
+    #: ``stop_deliveries`` ends the deliveries and leaves what was delivered acknowledgeable (AMQP basic.cancel)
+    stops_deliveries: bool = False
     #: set by the ingest: true when the group being gathered should end now (Spark is planning a
     #: batch); a ``poll`` that gathers checks it between receives (``spark_mq.sources.base.gather``)
     cut: Optional[Callable[[], bool]] = None

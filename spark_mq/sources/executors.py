@@ -20,6 +20,10 @@ How it keeps the guarantees of docs/guarantees.md (exactly once into an idempote
 - The winner acknowledges the broker only after the link, then closes. A losing attempt (speculation)
   closes without acknowledging: the broker redelivers what it drained, to a later batch, and reads
   the winner's file, so both attempts return the same rows.
+- STOMP on RabbitMQ is refused when a task connects: it can neither stop a subscription and still
+  acknowledge nor name a message the same way twice (its ids change per session), so what the broker
+  sends between a task's ACK and its close, redelivered, could be told from an equal message only by
+  content. amqp08 cancels its consumers before acknowledging; ActiveMQ's ids are stable.
 - Killed before the link (executor SIGKILL, broker gone): nothing was acknowledged, the broker
   redelivers everything to a later task. Killed between link and ack: the batch file holds the
   messages and the broker redelivers them too. So a task checks every delivery the broker marks
@@ -316,6 +320,15 @@ def _consume(part: TaskPartition, path: str) -> None:
             policy.connect_failed(exc)  # raises when the task must fail; else backs off
             continue
         policy.session_began()
+        if not consumer.stable_ids and not consumer.stops_deliveries:
+            consumer.close()
+            raise OptionError(
+                f"option 'ingest' is executors, which this {part.fmt} broker cannot keep exactly once: a task "
+                f"cannot stop its subscription before acknowledging (the broker refuses an ACK after "
+                f"UNSUBSCRIBE), so what the broker sends between a task's ACK and its close comes back "
+                f"redelivered, and its message ids change per session, so those redeliveries are known only by "
+                f"content: two equal messages would look like one, and one would be lost. On RabbitMQ read the "
+                f"queue with format('amqp08') and ingest=executors, or keep ingest=driver (the default)")
         try:
             _session(consumer, part, path)
             return

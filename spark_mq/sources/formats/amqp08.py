@@ -75,6 +75,7 @@ def _text(value) -> str:
 
 class Amqp08Consumer(Consumer):
     dead_letters = True
+    stops_deliveries = True
 
     def __init__(self, opts: Options, attempt: int = 0) -> None:
         self.opts = opts
