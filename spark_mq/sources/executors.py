@@ -59,6 +59,7 @@ from spark_mq.compat import CAPS, ReadAllAvailable, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.dedup import VOLATILE_HEADERS
+from spark_mq.sources.formats.sourcelist import name_list
 from spark_mq.sources.log import open_filesystem
 from spark_mq.sources.reconnect import ReconnectPolicy
 from spark_mq.workerheap import freeze_worker_heap
@@ -274,10 +275,14 @@ def _task_caps(opts: Options, consumers: int) -> tuple:
 
 def task_options(opts: Options, consumers: int) -> Options:
     """A task's options: without a ``prefetch`` option, the prefetch is the task's cap (a task acknowledges
-    only at its end, so the broker must be free to send all it may take)."""
+    only at its end, so the broker must be free to send all it may take), shared out over the queues or
+    destinations it reads: both brokers bound each consumer (subscription) by the prefetch, so a task
+    reading two queues could otherwise hold twice its cap."""
     if opts.get("prefetch"):
         return opts
-    return opts.replace(prefetch=_task_caps(opts, consumers)[0])
+    sources = max(1, len(name_list(opts, "queue", "queue") if opts.get("queue") else
+                         name_list(opts, "destination", "destination") if opts.get("destination") else ()))
+    return opts.replace(prefetch=max(1, -(-_task_caps(opts, consumers)[0] // sources)))
 
 
 def _drain(consumer, part: TaskPartition) -> list:

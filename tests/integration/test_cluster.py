@@ -372,7 +372,7 @@ def test_executor_ingest_survives_a_worker_and_a_driver_sigkill(tmp_path, daemon
     speculation = case.endswith("speculation")
     # stomp on ActiveMQ: ingest=executors refuses RabbitMQ's STOMP adapter (spark_mq.sources.executors)
     broker = request.getfixturevalue("rabbitmq" if fmt == "amqp08" else "activemq")
-    per_queue = 1500
+    per_queue = 3000  # 10 batches of at most 4 x 150: the first run must not read it all before its kills
     if fmt == "amqp08":
         dests, url = [unique_name("xc"), unique_name("xd")], broker.url("amqp")
     else:

@@ -170,5 +170,9 @@ def test_a_task_prefetches_what_it_may_take(tmp_path):
     assert X.task_options(_opts(tmp_path, taskMaxMessages=5000), 2).prefetch == 5000
     assert X.task_options(_opts(tmp_path, maxMessagesPerTrigger=1000), 4).prefetch == 250
     assert X.task_options(_opts(tmp_path, prefetch=70), 4).prefetch == 70
+    # each consumer of a queue (subscription of a destination) is bounded by the prefetch: shared out
+    assert X.task_options(_opts(tmp_path, queue="a,b", taskMaxMessages=151), 1).prefetch == 76
+    assert X.task_options(_opts(tmp_path, fmt="stomp", destination="/queue/a,/queue/b,/queue/c",
+                                taskMaxMessages=300), 1).prefetch == 100
     with pytest.raises(OptionError, match="taskMaxMessages"):
         _opts(tmp_path, taskMaxMessages=70_000)
