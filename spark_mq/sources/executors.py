@@ -96,6 +96,19 @@ def _batch_of(name: str) -> Optional[int]:
     return None
 
 
+def batch_files(root: str) -> Iterator[tuple]:
+    """``(batch, path)`` of every lane's batch files under ``root`` (none if it does not exist)."""
+    if not os.path.isdir(root):
+        return
+    for lane_dir in os.listdir(root):
+        d = os.path.join(root, lane_dir)
+        if lane_dir.startswith("lane-") and os.path.isdir(d):
+            for name in os.listdir(d):
+                b = _batch_of(name)
+                if b is not None:
+                    yield b, os.path.join(d, name)
+
+
 def check_placement(opts: Options, fmt: str) -> str:
     """The local root of ``logLocation`` for executor-side ingest, after refusing what cannot work:
     Malamute (no acks), ackMode commit or dead-lettering, a location that is not a local or mounted
@@ -177,20 +190,14 @@ class RecentIdentities:
         self._ids: set = set()
 
     def _refresh(self) -> None:
-        for lane_dir in sorted(os.listdir(self.root)) if os.path.isdir(self.root) else ():
-            if not lane_dir.startswith("lane-"):
+        for b, path in batch_files(self.root):
+            if b < self.batch - RECENT_BATCHES or b > self.batch or path in self._loaded:
                 continue
-            d = os.path.join(self.root, lane_dir)
-            for name in os.listdir(d):
-                b = _batch_of(name)
-                path = os.path.join(d, name)
-                if b is None or b < self.batch - RECENT_BATCHES or b > self.batch or path in self._loaded:
-                    continue
-                try:
-                    self._ids |= _file_identities(path, self.stable_ids)
-                except FileNotFoundError:
-                    continue  # trimmed meanwhile: older than the window
-                self._loaded.add(path)
+            try:
+                self._ids |= _file_identities(path, self.stable_ids)
+            except FileNotFoundError:
+                continue  # trimmed meanwhile: older than the window
+            self._loaded.add(path)
 
     def __contains__(self, key) -> bool:
         if key in self._ids:
@@ -442,16 +449,7 @@ class ExecutorStreamReader(DataSourceStreamReader):
         return {"batch": batch, "consumers": self.consumers}
 
     def _highest_batch(self) -> Optional[int]:
-        found = None
-        if os.path.isdir(self.root):
-            for lane_dir in os.listdir(self.root):
-                d = os.path.join(self.root, lane_dir)
-                if lane_dir.startswith("lane-") and os.path.isdir(d):
-                    for name in os.listdir(d):
-                        b = _batch_of(name)
-                        if b is not None and (found is None or b > found):
-                            found = b
-        return found
+        return max((b for b, _ in batch_files(self.root)), default=None)
 
     def initialOffset(self) -> dict:
         mark_placement(self.root)
@@ -509,19 +507,12 @@ class ExecutorStreamReader(DataSourceStreamReader):
     def commit(self, end: dict) -> None:
         e, _ = self._decode(end)
         keep_from = e - RECENT_BATCHES
-        if not os.path.isdir(self.root):
-            return
-        for lane_dir in os.listdir(self.root):
-            d = os.path.join(self.root, lane_dir)
-            if not (lane_dir.startswith("lane-") and os.path.isdir(d)):
-                continue
-            for name in os.listdir(d):
-                b = _batch_of(name)
-                if b is not None and b < keep_from:
-                    try:
-                        os.unlink(os.path.join(d, name))
-                    except FileNotFoundError:
-                        pass
+        for b, path in batch_files(self.root):
+            if b < keep_from:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
     def stop(self) -> None:
         pass
