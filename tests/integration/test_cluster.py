@@ -354,7 +354,11 @@ def _publish_two(fmt: str, broker, dests: list, count: int) -> None:
 
 SPECULATION = ["--conf", "spark.speculation=true", "--conf", "spark.speculation.interval=100ms",
                "--conf", "spark.speculation.quantile=0.25", "--conf", "spark.speculation.multiplier=1.0",
-               "--conf", "spark.speculation.minTaskRuntime=100ms"]
+               "--conf", "spark.speculation.minTaskRuntime=100ms",
+               # on by default since Spark 3.4: a task past the threshold is then speculated only if its rate of
+               # records is low or it runs twice the threshold, which a lane's short tasks rarely did (CI run of
+               # stop 55: no task of a whole amqp08 run was marked speculatable)
+               "--conf", "spark.speculation.efficiency.enabled=false"]
 
 
 @pytest.mark.parametrize("case", ["amqp08", "amqp08-speculation", "stomp-speculation"])  # stomp: on ActiveMQ
