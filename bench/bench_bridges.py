@@ -153,7 +153,8 @@ def main(argv: list[str]) -> dict:
     import spark_mq
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+             .config("spark.python.authenticate.socketTimeout", "120s")
+             .config("spark.sql.streaming.numRecentProgressUpdates", "100000").getOrCreate())  # rows come from it
     spark.sparkContext.setLogLevel("ERROR")
     spark_mq.register(spark)
     amqp_url, stomp_url = rabbit.url("amqp"), rabbit.url("stomp")

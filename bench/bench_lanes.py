@@ -17,7 +17,10 @@ turned by one each round, so a noisy minute of this shared machine does not alwa
 variant) drains N more each, ``trigger(availableNow=True)`` into Spark's ``noop`` sink in ``local[2]``,
 default options otherwise (executors: ``taskIngestTime=1s``, so the run's last batch, which finds
 nothing, lasts a second). Each run's CPU seconds by process kind (``bench.common.ProcessCpu``: reader,
-jvm, pyworkers, broker) are divided by N.
+jvm, pyworkers, broker) are divided by N. The ActiveMQ row runs on a broker whose queues page in
+``ACTIVEMQ_PAGE`` messages (``maxPageSize``; ActiveMQ's default of 200 also bounds what a consumer holds
+unacknowledged, and an executor task acknowledges only at its end: docs/sources.md). stomp on RabbitMQ has no
+executor rows: ``ingest=executors`` refuses it.
 
     python -m bench lanes                       # ~25 minutes: 3 rows x (peer + 6 variants) x 2 rounds
     python -m bench lanes --only=amqp08 --rounds=1 --n=20000 --placement=executors   # a quick check (writes nothing)
@@ -56,6 +59,8 @@ VARIANTS = (("1", 1, "driver", "reader"), ("2", 2, "driver", "reader"), ("4", 4,
 PLACEMENTS = {"driver": ("1", "2", "4"), "executors": ("e1", "e2", "e4")}
 #: executor-side options: a task drains for at most a second (the run's last, empty batch lasts that long)
 EXECUTOR_OPTIONS = {"ingest": "executors", "taskIngestTime": "1s"}
+#: ActiveMQ's maxPageSize for this benchmark: the default taskMaxMessages, what one task may take
+ACTIVEMQ_PAGE = 50_000
 
 
 def summary(measured: dict) -> dict:
@@ -112,13 +117,19 @@ def main(argv: list[str]) -> dict:
     rabbit = brokers.start_rabbitmq()
     activemq = None
     if not only or any(format_of(row) == "stomp" for row in only.split(",")):
-        activemq = brokers.start_activemq()
+        # a consumer gets at most a page (maxPageSize, 200 by default) unacknowledged from an ActiveMQ queue;
+        # a task acknowledges at its end, so ingest=executors needs the page raised to a task's cap
+        # (docs/sources.md, "Ingest on the executors"): the whole row, peer included, runs on that broker
+        activemq = brokers.start_activemq(max_page_size=ACTIVEMQ_PAGE)
     from pyspark.sql import SparkSession
 
     from spark_mq.datasources import Amqp08DataSource, StompDataSource
 
+    # recentProgress keeps the last 100 batches by default, and the rows are counted from it: an executor-side
+    # run on ActiveMQ had over 500 (the cause of "read 43,800 of 200,000" in the run of 2026-11-29 11:05)
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+             .config("spark.python.authenticate.socketTimeout", "120s")
+             .config("spark.sql.streaming.numRecentProgressUpdates", "100000").getOrCreate())
     for ds in (Amqp08DataSource, StompDataSource):
         spark.dataSource.register(ds)
     measured: dict = {}

@@ -520,9 +520,11 @@ class ActiveMQ(Broker):
 
     kind = "activemq"
 
-    def __init__(self, home: Path, users: dict[str, str] | None = None, base_dir: Path | None = None) -> None:
+    def __init__(self, home: Path, users: dict[str, str] | None = None, base_dir: Path | None = None,
+                 max_page_size: int | None = None) -> None:
         super().__init__()
         self.home = Path(home)
+        self.max_page_size = max_page_size
         self.name = f"sparkmq-{secrets.token_hex(4)}"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=base_dir))
         (self.stomp_port,) = free_ports(1)
@@ -544,9 +546,14 @@ class ActiveMQ(Broker):
                 for u, p in self.users.items())
             plugins = ("    <plugins>\n      <simpleAuthenticationPlugin>\n        <users>\n"
                        f"{entries}\n        </users>\n      </simpleAuthenticationPlugin>\n    </plugins>")
+        policy = ""
+        if self.max_page_size is not None:  # messages a queue pages in from the store: 200 unless set
+            policy = ("    <destinationPolicy><policyMap><policyEntries>\n"
+                      f'      <policyEntry queue="&gt;" maxPageSize="{int(self.max_page_size)}"/>\n'
+                      "    </policyEntries></policyMap></destinationPolicy>")
         _render(CONF_DIR / "activemq" / "activemq.xml.in", w / "activemq.xml",
                 {"BROKER_NAME": self.name, "DATA_DIR": str(w / "data"), "STOMP_PORT": str(self.stomp_port),
-                 "PLUGINS": plugins})
+                 "PLUGINS": plugins, "POLICY": policy})
         _render(CONF_DIR / "activemq" / "log4j.properties.in", w / "log4j.properties",
                 {"LOG_FILE": str(self.log_path)})
 
@@ -799,8 +806,11 @@ def start_rabbitmq(base_dir: Path | None = None) -> Broker:
     raise BrokerUnavailable("No RabbitMQ available: " + "; ".join(tried) + "\n" + _RABBITMQ_HELP)
 
 
-def start_activemq(users: dict[str, str] | None = None, base_dir: Path | None = None) -> Broker:
-    """A private, harness-managed ActiveMQ: local installation (apt-installed if needed), else Docker."""
+def start_activemq(users: dict[str, str] | None = None, base_dir: Path | None = None,
+                   max_page_size: int | None = None) -> Broker:
+    """A private, harness-managed ActiveMQ: local installation (apt-installed if needed), else Docker.
+    ``max_page_size``: the queues' ``maxPageSize`` policy (ActiveMQ's default is 200), which also bounds
+    what a consumer gets unacknowledged from a queue, whatever its prefetch."""
     tried = []
     home = find_activemq_home()
     if home is None:
@@ -812,9 +822,9 @@ def start_activemq(users: dict[str, str] | None = None, base_dir: Path | None = 
         if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
             tried.append("ActiveMQ found but no java on PATH (apt-get install -y openjdk-17-jre-headless)")
         else:
-            return ActiveMQ(home, users=users, base_dir=base_dir).start()
-    if users:
-        tried.append("users= needs a local ActiveMQ (the container path does not configure authentication)")
+            return ActiveMQ(home, users=users, base_dir=base_dir, max_page_size=max_page_size).start()
+    if users or max_page_size is not None:
+        tried.append("users= and max_page_size= need a local ActiveMQ (the container path does not configure them)")
     else:
         from broker_containers import docker_answers
 
