@@ -34,7 +34,7 @@ __all__ = ["MQDataSource", "Amqp08DataSource", "StompDataSource", "MalamuteDataS
 
 class MQDataSource(DataSource):
     """Base of the per-format DataSources: subclasses set ``FORMAT``, ``SOURCE`` (the format's module
-    in ``spark_mq.sources.formats``: ``validate``, ``connect_consumer``) and ``SINK`` (its module in
+    in ``spark_mq.sources.formats``: ``validate``, ``connect_consumer``, ``queue_depth``) and ``SINK`` (its module in
     ``spark_mq.sinks``: ``create_writer``, ``create_stream_writer``)."""
 
     FORMAT = ""
@@ -55,7 +55,8 @@ class MQDataSource(DataSource):
     def streamReader(self, schema) -> DataSourceStreamReader:
         opts = self._source_options(streaming=True)
         if opts.get("ingest") == "executors":
-            return EXECUTOR_STREAM_READER(self.FORMAT, opts, schema, self.SOURCE.connect_consumer)
+            return EXECUTOR_STREAM_READER(self.FORMAT, opts, schema, self.SOURCE.connect_consumer,
+                                          self.SOURCE.queue_depth)
         return STREAM_READER(self.FORMAT, opts, schema, self.SOURCE.connect_consumer)
 
     def reader(self, schema) -> DataSourceReader:

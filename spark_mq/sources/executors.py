@@ -79,6 +79,7 @@ RECENT_BATCHES = 10
 OFFSET_STRIDE = 1 << 24
 MAX_LANES = 256
 _BATCH = "batch-{:012d}.arrow"
+_LATE = b"stamped_after_start"  # batch file metadata: a message stamped after the availableNow run began
 _POLL = 0.05          # seconds per poll while draining
 _QUIET_END = 0.2      # after the first message, this long without one ends a task's drain (the queue is empty)
 
@@ -215,22 +216,34 @@ def _read_file(path: str) -> Iterator[pa.RecordBatch]:
             yield batch
 
 
-def file_rows(path: str) -> Optional[int]:
-    """Rows in a batch file, from its schema's metadata (the first message only), or None if absent."""
+def _file_meta(path: str) -> Optional[dict]:
+    """A batch file's schema metadata (the first message only), or None if the file is absent."""
     try:
         with pa.memory_map(path) as source:
-            meta = pa.ipc.open_stream(source).schema.metadata or {}
+            return pa.ipc.open_stream(source).schema.metadata or {}
     except FileNotFoundError:
         return None
-    return int(meta.get(b"rows", b"0"))
 
 
-def _write_first(path: str, schema: pa.Schema, batches: list, rows: int) -> bool:
-    """Write ``batches`` durably to ``path`` unless another attempt did first; True if this one did."""
+def file_rows(path: str) -> Optional[int]:
+    """Rows in a batch file, or None if absent."""
+    meta = _file_meta(path)
+    return None if meta is None else int(meta.get(b"rows", b"0"))
+
+
+def file_stamped_late(path: str) -> bool:
+    """Whether the task that wrote this batch file took a message its broker stamped after the availableNow
+    run began (``TaskPartition.run_began_ms``; ActiveMQ)."""
+    return (_file_meta(path) or {}).get(_LATE) == b"1"
+
+
+def _write_first(path: str, schema: pa.Schema, batches: list, rows: int, late: bool = False) -> bool:
+    """Write ``batches`` durably to ``path`` unless another attempt did first; True if this one did.
+    ``late``: a message in them was stamped after the availableNow run began (``file_stamped_late``)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    schema = schema.with_metadata({"rows": str(rows)})
+    schema = schema.with_metadata({"rows": str(rows), **({_LATE: "1"} if late else {})})
     try:
         with open(tmp, "wb") as f:
             with pa.ipc.new_stream(f, schema) as writer:
@@ -261,11 +274,14 @@ class TaskPartition(InputPartition):
     """Lane ``lane`` of batch ``batch``: what its task needs to consume (picklable)."""
 
     def __init__(self, index: int, fmt: str, opts: Options, connector: Callable, batch: int, lane: int,
-                 consumers: int, root: str) -> None:
+                 consumers: int, root: str, run_began_ms: Optional[int] = None) -> None:
         super().__init__(index)
         self.index = index
         self.fmt, self.opts, self.connector = fmt, opts, connector
         self.batch, self.lane, self.consumers, self.root = batch, lane, consumers, root
+        #: planned in an availableNow run begun then (ms since the epoch): the task notes a message its
+        #: broker stamped later (``file_stamped_late``), which ends the run
+        self.run_began_ms = run_began_ms
 
 
 def _task_caps(opts: Options, consumers: int) -> tuple:
@@ -358,6 +374,12 @@ def _consume(part: TaskPartition, path: str) -> None:
                 pass
 
 
+def _stamped_late(consumer, msgs: list, run_began_ms: Optional[int]) -> bool:
+    """Whether the broker stamped one of ``msgs`` after the availableNow run began (None: not in a run)."""
+    return run_began_ms is not None and consumer.broker_stamps and any(
+        (consumer.broker_stamp_ms(msg) or 0) > run_began_ms for msg in msgs)
+
+
 def _session(consumer, part: TaskPartition, path: str) -> None:
     """One connection's try: drain, drop redeliveries of what a recent batch file holds, link, ack."""
     msgs = _drain(consumer, part)
@@ -389,10 +411,11 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
                 duplicates += 1
                 continue
         rows.append(row)
+    late = _stamped_late(consumer, msgs, part.run_began_ms)
     schema = S.source_arrow_schema(part.fmt)
     try:
         batches = [S.build_batch(part.fmt, rows)] if rows else []
-        won = _write_first(path, schema, batches, len(rows))
+        won = _write_first(path, schema, batches, len(rows), late)
     except Exception as exc:  # noqa: BLE001 - a full disk, a value no column holds: not the connection's fault
         raise TaskDeliveryError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
                                 f"could not write the batch file {path}: {type(exc).__name__}: {exc}; nothing "
@@ -426,17 +449,24 @@ def run_task(part: TaskPartition, target: pa.Schema) -> Iterator[pa.RecordBatch]
 class ExecutorStreamReader(DataSourceStreamReader):
     """The stream reader for ``ingest=executors``: plans batch numbers, trims old batch files."""
 
-    def __init__(self, fmt: str, opts: Options, schema, connector: Callable) -> None:
+    def __init__(self, fmt: str, opts: Options, schema, connector: Callable,
+                 queue_depth: Optional[Callable] = None) -> None:
         self.fmt = fmt
         self.opts = opts
         self.target_schema = S.to_arrow_schema(schema)
         S.check_user_schema(fmt, self.target_schema)
         self._connector = connector
+        self._queue_depth = queue_depth  # options -> ready messages (AMQP), or None where the broker tells none
         self.root = check_placement(opts, fmt)
         self.consumers = opts.get("consumers") or 1
         self._last_end: Optional[int] = None
-        self._available_now: Optional[float] = None  # when prepareForTriggerAvailableNow came
-        self._planned_in_run = False
+        # an availableNow run: when it began (monotonic; ms since the epoch, for the brokers' stamps), its
+        # first batch, the rows of its batches so far, and the queue depth counted at its start
+        self._available_now: Optional[float] = None
+        self._run_began_ms: Optional[int] = None
+        self._run_first: Optional[int] = None
+        self._run_rows: dict = {}
+        self._run_target: Optional[int] = None
 
     def _decode(self, offset: dict) -> tuple:
         if "batch" not in offset:
@@ -459,8 +489,26 @@ class ExecutorStreamReader(DataSourceStreamReader):
         self._last_end = start
         return self._encode(start)
 
-    def _batch_empty(self, batch: int, consumers: int) -> bool:
-        return all(file_rows(batch_path(self.root, lane, batch)) == 0 for lane in range(consumers))
+    def _run_over(self, s: int) -> Optional[str]:
+        """Why the availableNow run ends before batch ``s`` (None: batch ``s`` is planned). It ends after a
+        batch in which no lane found anything; once its batches hold the queue depth counted at its start
+        (AMQP); after a batch with a message the broker stamped after its start (ActiveMQ, one destination:
+        a queue delivers in order, so what was there at the start came before); or at availableNowTimeout.
+        A producer that keeps sending never lets a batch come back empty, hence the other rules."""
+        if time.monotonic() - self._available_now >= self.opts.availableNowTimeout:
+            return f"availableNowTimeout ({self.opts.availableNowTimeout:g} s) passed"
+        last = s - 1
+        if self._run_first is None or last < self._run_first:
+            return None
+        paths = [batch_path(self.root, lane, last) for lane in range(self.consumers)]
+        self._run_rows[last] = sum(file_rows(p) or 0 for p in paths)
+        if self._run_rows[last] == 0:
+            return "a batch in which no lane found anything"
+        if self._run_target is not None and sum(self._run_rows.values()) >= self._run_target:
+            return f"its batches hold the {self._run_target} messages the queues held at its start"
+        if any(file_stamped_late(p) for p in paths):
+            return "a message the broker stamped after its start"
+        return None
 
     def latestOffset(self, start: Optional[dict] = None, limit=None) -> dict:
         if start is not None:
@@ -471,18 +519,30 @@ class ExecutorStreamReader(DataSourceStreamReader):
             high = self._highest_batch()
             s = 0 if high is None else high + 1
         end = s + 1
-        if self._available_now is not None and self._planned_in_run:
-            # availableNow ends after a batch in which no lane found anything, or at availableNowTimeout
-            if (s > 0 and self._batch_empty(s - 1, self.consumers)) or \
-                    time.monotonic() - self._available_now >= self.opts.availableNowTimeout:
-                end = s
-        self._planned_in_run = True
+        if self._available_now is not None:
+            if self._run_first is None:
+                self._run_first = s
+            else:
+                why = self._run_over(s)
+                if why is not None:
+                    end = s
+                    log.info("%s source (ingest=executors): the availableNow run ends at batch %d: %s", self.fmt,
+                             s, why)
         self._last_end = end
         return self._encode(end)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = time.monotonic()
-        self._planned_in_run = False
+        self._run_began_ms = int(time.time() * 1000)
+        self._run_first = None
+        self._run_rows = {}
+        self._run_target = None
+        if self._queue_depth is not None:
+            try:
+                self._run_target = self._queue_depth(self.opts)
+            except (SparkMqError, OSError) as exc:
+                log.warning("%s source (ingest=executors): queue depth unknown (%s); the availableNow run ends "
+                            "after a batch that finds nothing", self.fmt, exc)
 
     def getDefaultReadLimit(self):
         return ReadAllAvailable() if CAPS.read_limits else None
@@ -498,7 +558,7 @@ class ExecutorStreamReader(DataSourceStreamReader):
         for b in range(s, e):
             for lane in range(consumers):
                 parts.append(TaskPartition(len(parts), self.fmt, task_options(self.opts, consumers), self._connector,
-                                           b, lane, consumers, self.root))
+                                           b, lane, consumers, self.root, self._run_began_ms))
         return parts
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:

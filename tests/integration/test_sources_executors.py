@@ -11,6 +11,7 @@ standalone-cluster runs (worker SIGKILL, driver SIGKILL, speculation) are in ``t
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 
@@ -300,3 +301,56 @@ def test_stomp_on_rabbitmq_is_refused_naming_why(spark, rabbitmq, unique_name, t
     text = str(failed.value)
     assert "option 'ingest' is executors" in text and "format('amqp08')" in text, text[:2000]
     assert _remaining("stomp", rabbitmq, [dest]) == 50
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("case", ["amqp08", "stomp-activemq"])
+def test_available_now_ends_on_a_queue_a_producer_keeps_feeding(spark, request, case, unique_name, tmp_path):
+    """availableNow reads what the queue held when the run began and ends, though a producer keeps sending
+    (about 100 messages a second, so no batch ever comes back empty): amqp08 at the queue depth the driver
+    counts at the start, ActiveMQ at the first message it stamped after the start. Before, such a run went
+    on to availableNowTimeout."""
+    fmt, _, url, dests = _case(request, case, unique_name)
+    dest, preload = dests[0], 3000  # one destination: ActiveMQ's stamps end a run of one queue only
+    _publish(fmt, url, dest, 0, preload)
+    stop = threading.Event()
+
+    def feed():
+        i = preload
+        while not stop.is_set():
+            _publish(fmt, url, dest, i, 10)
+            i += 10
+            stop.wait(0.1)
+
+    seen: dict = {}
+
+    def collect(batch_df, batch_id):
+        seen[batch_id] = [r.body for r in batch_df.select("body").collect()]
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log"))
+        for k, v in {**_options(fmt, url, [dest]), "ingest": "executors", "taskIngestTime": "1s",
+                     "taskMaxMessages": 500, "availableNowTimeout": "90s"}.items():
+            r = r.option(k, str(v))
+        began = time.monotonic()
+        q = r.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")) \
+            .trigger(availableNow=True).start()
+        ended = q.awaitTermination(QUERY_TIMEOUT)
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        feeder.join(30)
+    if not ended:
+        q.stop()
+    assert ended, f"the availableNow run did not end within {QUERY_TIMEOUT}s"
+    assert q.exception() is None, q.exception()
+    bodies = Counter(b for rows in seen.values() for b in rows)
+    assert [b for b, n in bodies.items() if n > 1] == []
+    missing = [i for i in range(preload) if f"{dest}:{i}".encode() not in bodies]
+    assert missing == [], f"{len(missing)} of the {preload} messages there at the start were not read"
+    print(f"{case}: the availableNow run took {took:.1f}s and read {sum(bodies.values())} messages")
+    # the run's end: well before availableNowTimeout (90 s); before the end rules of the depth and the
+    # stamps it ran on to it (93 s, 99 s here)
+    assert took < 60, f"the run took {took:.0f}s: it went on to availableNowTimeout while the producer sent"

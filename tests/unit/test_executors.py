@@ -33,10 +33,10 @@ def _row(body: bytes, offset: int):
     return tuple(row)
 
 
-def _write(path, bodies, first=True):
+def _write(path, bodies, late=False):
     rows = [_row(b, i) for i, b in enumerate(bodies)]
     batches = [S.build_batch("amqp08", rows)] if rows else []
-    return X._write_first(path, S.source_arrow_schema("amqp08"), batches, len(rows))
+    return X._write_first(path, S.source_arrow_schema("amqp08"), batches, len(rows), late)
 
 
 def test_the_first_link_wins_and_the_loser_leaves_no_file(tmp_path):
@@ -124,6 +124,55 @@ def test_available_now_ends_after_a_batch_with_nothing(tmp_path):
     _write(X.batch_path(root, 0, 2), [])
     _write(X.batch_path(root, 1, 2), [])
     assert reader.latestOffset({"batch": 3, "consumers": 2})["batch"] == 3   # batch 2 had none: the run ends
+
+
+def test_available_now_ends_once_its_batches_hold_the_depth_counted_at_its_start(tmp_path):
+    opts = _opts(tmp_path, consumers=2)
+    root = str(tmp_path / "log")
+    asked = []
+    reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None,
+                                    lambda o: asked.append(o) or 5)
+    reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    assert len(asked) == 1  # counted once, at the run's start
+    assert reader.latestOffset({"batch": 0, "consumers": 2})["batch"] == 1
+    _write(X.batch_path(root, 0, 0), [b"a", b"b"])
+    _write(X.batch_path(root, 1, 0), [b"c"])
+    assert reader.latestOffset({"batch": 1, "consumers": 2})["batch"] == 2   # 3 of 5: on
+    _write(X.batch_path(root, 0, 1), [b"d"])
+    _write(X.batch_path(root, 1, 1), [b"e", b"f"])  # a producer keeps sending: never an empty batch
+    assert reader.latestOffset({"batch": 2, "consumers": 2})["batch"] == 2   # 6 of 5: the run ends
+    assert len(asked) == 1
+
+
+def test_available_now_ends_after_a_message_stamped_after_its_start(tmp_path):
+    opts = _opts(tmp_path, "stomp")
+    root = str(tmp_path / "log")
+    reader = X.ExecutorStreamReader("stomp", opts, S.source_schema("stomp"), lambda o, a: None)
+    reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    end = reader.latestOffset({"batch": 0, "consumers": 1})
+    (part,) = reader.partitions({"batch": 0, "consumers": 1}, end)
+    assert part.run_began_ms is not None  # the task compares its messages' stamps with it
+    _write(X.batch_path(root, 0, 0), [b"a"])
+    assert reader.latestOffset({"batch": 1, "consumers": 1})["batch"] == 2
+    _write(X.batch_path(root, 0, 1), [b"b", b"c"], late=True)
+    assert X.file_stamped_late(X.batch_path(root, 0, 1)) and not X.file_stamped_late(X.batch_path(root, 0, 0))
+    assert reader.latestOffset({"batch": 2, "consumers": 1})["batch"] == 2
+
+
+def test_a_task_notes_a_message_its_broker_stamped_after_the_run_began(tmp_path):
+    class Stamped:  # a consumer whose broker stamps messages (ActiveMQ): the message is its stamp
+        broker_stamps, stable_ids = True, True
+
+        def broker_stamp_ms(self, msg):
+            return msg
+
+    msgs = [1_000, 2_000]
+    assert X._stamped_late(Stamped(), msgs, 1_500) and not X._stamped_late(Stamped(), msgs, 2_000)
+    assert not X._stamped_late(Stamped(), msgs, None)  # not in an availableNow run
+    Stamped.broker_stamps = False
+    assert not X._stamped_late(Stamped(), msgs, 0)  # the broker stamps nothing (or several destinations)
 
 
 def test_commit_keeps_the_recent_batch_files(tmp_path):

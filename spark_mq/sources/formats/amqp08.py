@@ -216,13 +216,7 @@ class Amqp08Consumer(Consumer):
         queues, a delivery of a queue counted first that arrives before the later answers is
         counted twice (in its queue's depth and as held): availableNow and batch reads then end at
         a quiet period with the depth at 0, a little later; never too soon."""
-        total = 0
-        for queue in self.queues:
-            ok = ch.queue_declare(queue, passive=True)
-            if ok is None:
-                return None
-            total += ok.message_count
-        return total
+        return _depths(ch, self.queues)
 
     def _close_figures(self) -> None:
         figures, self._figures = self._figures, None
@@ -245,5 +239,26 @@ class Amqp08Consumer(Consumer):
         self.conn.close(timeout=2.0)
 
 
+def _depths(ch, names) -> Optional[int]:
+    """The sum of the ready messages of queues ``names``, asked on ``ch`` (None if any cannot tell)."""
+    total = 0
+    for queue in names:
+        ok = ch.queue_declare(queue, passive=True)
+        if ok is None:
+            return None
+        total += ok.message_count
+    return total
+
+
 def connect_consumer(opts: Options, attempt: int = 0) -> Amqp08Consumer:
     return Amqp08Consumer(opts, attempt)
+
+
+def queue_depth(opts: Options) -> Optional[int]:
+    """The ready messages of the queues read, on a connection of its own that takes no deliveries: what an
+    availableNow run with ``ingest=executors`` reads before it ends (counted by the driver at its start)."""
+    conn = connect_amqp08(opts)
+    try:
+        return _depths(conn.channel(), queues(opts))
+    finally:
+        conn.close(timeout=2.0)

@@ -265,5 +265,9 @@ def deliveries_batch(taken, destination: str, offset: int, now_us: int) -> pa.Re
     return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
+#: the driver's count of what an availableNow run with ingest=executors reads: none (Malamute tells no queue depth)
+queue_depth = None
+
+
 def connect_consumer(opts: Options, attempt: int = 0) -> MalamuteConsumer:
     return MalamuteConsumer(opts, attempt)

@@ -306,5 +306,9 @@ def last_of_each_subscription(frames: list) -> list:
     return [frame for _, frame in sorted(last.values(), key=itemgetter(0))]
 
 
+#: the driver's count of what an availableNow run with ingest=executors reads: none (STOMP tells no queue depth)
+queue_depth = None
+
+
 def connect_consumer(opts: Options, attempt: int = 0) -> StompConsumer:
     return StompConsumer(opts, attempt)
