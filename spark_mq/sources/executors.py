@@ -2,9 +2,9 @@
 
 Responsible for: the stream reader of that placement (``ExecutorStreamReader``: offsets, planning,
 availableNow, trimming old batch files), the task that consumes (``run_task``: drain, drop
-redeliveries, write the batch file, acknowledge), the batch files' layout under ``logLocation``
-and the deterministic identities that recognise redeliveries across processes. Not responsible for
-protocols (the format's ``Consumer``, the same as the driver-side ingest's) nor for the driver-side
+redeliveries, write the batch file, acknowledge) and the options it refuses. The batch files (their
+layout under ``logLocation``, the first-wins write) and the identities that recognise redeliveries
+across processes are ``spark_mq.sources.batchfiles``. Not responsible for protocols (the format's ``Consumer``, the same as the driver-side ingest's) nor for the driver-side
 ingest (``spark_mq.sources.ingest``, the default placement).
 
 How it keeps the guarantees of docs/guarantees.md (exactly once into an idempotent sink):
@@ -42,13 +42,11 @@ between batches would lose what arrives meanwhile: the option is refused there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
 import time
-import uuid
 from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
@@ -58,56 +56,26 @@ from spark_mq import schema as S
 from spark_mq.compat import CAPS, ReadAllAvailable, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
-from spark_mq.sources.dedup import VOLATILE_HEADERS
+from spark_mq.sources.batchfiles import (EXECUTORS_FILE, RECENT_BATCHES, RecentIdentities, batch_files, batch_path,
+                                         file_rows, file_stamped_late, mark_placement, read_file, task_identity,
+                                         write_first)
 from spark_mq.sources.formats.sourcelist import name_list
-from spark_mq.sources.log import open_filesystem
+from spark_mq.sources.lanes import LANES_FILE
+from spark_mq.sources.log import SEGMENT_PREFIX, open_filesystem
 from spark_mq.sources.reconnect import ReconnectPolicy
 from spark_mq.workerheap import freeze_worker_heap
 
 log = logging.getLogger("spark_mq.sources.executors")
 
-__all__ = ["ExecutorStreamReader", "TaskPartition", "run_task", "task_identity", "batch_path", "check_placement",
-           "EXECUTORS_FILE", "RECENT_BATCHES", "OFFSET_STRIDE", "EXECUTOR_STREAM_READER"]
+__all__ = ["ExecutorStreamReader", "TaskPartition", "run_task", "check_placement", "OFFSET_STRIDE", "MAX_LANES",
+           "EXECUTOR_STREAM_READER"]
 
-#: the file that marks a logLocation as written by executor-side ingest (JSON: {"ingest": "executors"})
-EXECUTORS_FILE = "executors.json"
-#: batch files kept behind Spark's commit: a message whose ack was lost is redelivered at once, to the
-#: next batch or so; these many batches' identities are checked for it
-RECENT_BATCHES = 10
 #: a row's ``offset`` is ``(batch * MAX_LANES + lane) * OFFSET_STRIDE + position in its file``: unique in the
 #: query, the same when a batch is replayed (a key for an idempotent sink), increasing within a lane
 OFFSET_STRIDE = 1 << 24
 MAX_LANES = 256
-_BATCH = "batch-{:012d}.arrow"
-_LATE = b"stamped_after_start"  # batch file metadata: a message stamped after the availableNow run began
 _POLL = 0.05          # seconds per poll while draining
 _QUIET_END = 0.2      # after the first message, this long without one ends a task's drain (the queue is empty)
-
-
-def batch_path(root: str, lane: int, batch: int) -> str:
-    return os.path.join(root, f"lane-{lane}", _BATCH.format(batch))
-
-
-def _batch_of(name: str) -> Optional[int]:
-    if name.startswith("batch-") and name.endswith(".arrow"):
-        try:
-            return int(name[6:-6])
-        except ValueError:
-            return None
-    return None
-
-
-def batch_files(root: str) -> Iterator[tuple]:
-    """``(batch, path)`` of every lane's batch files under ``root`` (none if it does not exist)."""
-    if not os.path.isdir(root):
-        return
-    for lane_dir in os.listdir(root):
-        d = os.path.join(root, lane_dir)
-        if lane_dir.startswith("lane-") and os.path.isdir(d):
-            for name in os.listdir(d):
-                b = _batch_of(name)
-                if b is not None:
-                    yield b, os.path.join(d, name)
 
 
 def check_placement(opts: Options, fmt: str) -> str:
@@ -135,137 +103,10 @@ def check_placement(opts: Options, fmt: str) -> str:
                           f"file's first attempt wins by an atomic link, which object stores do not have")
     if os.path.isdir(root):
         names = set(os.listdir(root))
-        if names and EXECUTORS_FILE not in names and (names & {"lanes.json"} or any(n.startswith("seg-") for n in names)):
+        if names and EXECUTORS_FILE not in names and (LANES_FILE in names or any(n.startswith(SEGMENT_PREFIX) for n in names)):
             raise OptionError(f"option 'ingest' is executors, but the source log at {opts.logLocation} was written "
                               f"by the driver-side ingest: use a new logLocation and checkpointLocation, or ingest=driver")
     return root
-
-
-def mark_placement(root: str) -> None:
-    os.makedirs(root, exist_ok=True)
-    path = os.path.join(root, EXECUTORS_FILE)
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            json.dump({"ingest": "executors"}, f)
-
-
-# -- identities -----------------------------------------------------------------------------------
-
-def task_identity(body: bytes, message_id, headers, stable_ids: bool):
-    """A message's identity, the same in every process: ``("h", id)`` for a spark-mq sink's id header,
-    ``("m", id)`` for a broker's stable message id, else ``("c", digest)`` of body and stable headers."""
-    kept = []
-    for kv in headers or ():
-        name, value = kv[0], kv[1]
-        if name in VOLATILE_HEADERS:
-            continue
-        if name == S.ID_HEADER and value:
-            return ("h", value)
-        kept.append((name, value))
-    if message_id is not None and stable_ids:
-        return ("m", message_id)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(len(body).to_bytes(8, "big"))
-    h.update(body)
-    h.update(repr(sorted(kept)).encode("utf-8", "surrogatepass"))
-    return ("c", h.hexdigest())
-
-
-def _file_identities(path: str, stable_ids: bool) -> set:
-    out = set()
-    for batch in _read_file(path):
-        cols = batch.select(["body", "message_id", "headers"]).to_pydict()
-        for body, mid, headers in zip(cols["body"], cols["message_id"], cols["headers"]):
-            out.add(task_identity(body, mid, headers, stable_ids))
-    return out
-
-
-class RecentIdentities:
-    """The identities in the batch files of the last ``RECENT_BATCHES`` batches of every lane (up to
-    and including ``batch``), loaded the first time a redelivery is looked up, and files that appeared
-    since (another lane of this batch linked its file) added when a lookup misses."""
-
-    def __init__(self, root: str, batch: int, stable_ids: bool) -> None:
-        self.root, self.batch, self.stable_ids = root, batch, stable_ids
-        self._loaded: set = set()
-        self._ids: set = set()
-
-    def _refresh(self) -> None:
-        for b, path in batch_files(self.root):
-            if b < self.batch - RECENT_BATCHES or b > self.batch or path in self._loaded:
-                continue
-            try:
-                self._ids |= _file_identities(path, self.stable_ids)
-            except FileNotFoundError:
-                continue  # trimmed meanwhile: older than the window
-            self._loaded.add(path)
-
-    def __contains__(self, key) -> bool:
-        if key in self._ids:
-            return True
-        self._refresh()
-        return key in self._ids
-
-
-# -- the batch files ------------------------------------------------------------------------------
-
-def _read_file(path: str) -> Iterator[pa.RecordBatch]:
-    with pa.memory_map(path) as source:
-        reader = pa.ipc.open_stream(source)
-        for batch in reader:
-            yield batch
-
-
-def _file_meta(path: str) -> Optional[dict]:
-    """A batch file's schema metadata (the first message only), or None if the file is absent."""
-    try:
-        with pa.memory_map(path) as source:
-            return pa.ipc.open_stream(source).schema.metadata or {}
-    except FileNotFoundError:
-        return None
-
-
-def file_rows(path: str) -> Optional[int]:
-    """Rows in a batch file, or None if absent."""
-    meta = _file_meta(path)
-    return None if meta is None else int(meta.get(b"rows", b"0"))
-
-
-def file_stamped_late(path: str) -> bool:
-    """Whether the task that wrote this batch file took a message its broker stamped after the availableNow
-    run began (``TaskPartition.run_began_ms``; ActiveMQ)."""
-    return (_file_meta(path) or {}).get(_LATE) == b"1"
-
-
-def _write_first(path: str, schema: pa.Schema, batches: list, rows: int, late: bool = False) -> bool:
-    """Write ``batches`` durably to ``path`` unless another attempt did first; True if this one did.
-    ``late``: a message in them was stamped after the availableNow run began (``file_stamped_late``)."""
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    schema = schema.with_metadata({"rows": str(rows), **({_LATE: "1"} if late else {})})
-    try:
-        with open(tmp, "wb") as f:
-            with pa.ipc.new_stream(f, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return True
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
 
 
 # -- the task -------------------------------------------------------------------------------------
@@ -415,7 +256,7 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
     schema = S.source_arrow_schema(part.fmt)
     try:
         batches = [S.build_batch(part.fmt, rows)] if rows else []
-        won = _write_first(path, schema, batches, len(rows), late)
+        won = write_first(path, schema, batches, len(rows), late)
     except Exception as exc:  # noqa: BLE001 - a full disk, a value no column holds: not the connection's fault
         raise TaskDeliveryError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
                                 f"could not write the batch file {path}: {type(exc).__name__}: {exc}; nothing "
@@ -440,7 +281,7 @@ def run_task(part: TaskPartition, target: pa.Schema) -> Iterator[pa.RecordBatch]
     path = batch_path(part.root, part.lane, part.batch)
     if not os.path.exists(path):
         _consume(part, path)
-    for batch in _read_file(path):
+    for batch in read_file(path):
         yield S.project(batch, target)
 
 

@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 from spark_mq.errors import OptionError
 from spark_mq.options import Options
 from spark_mq.sources.dedup import Dedup
-from spark_mq.sources.executors import EXECUTORS_FILE
+from spark_mq.sources.batchfiles import EXECUTORS_FILE
 from spark_mq.sources.ingest import Ingest
 from spark_mq.sources.log import open_filesystem
 from spark_mq.sources.log.segments import SEGMENT_NAME

@@ -133,7 +133,8 @@ def test_a_losing_speculative_attempt_gives_its_deliveries_back(request, case, u
     """Two attempts of one task (speculation): both consume, the first to link its file wins. The
     loser's link fails, it closes without acknowledging, and returns the winner's rows; what it had
     drained comes back redelivered and the next batch takes it as new (it is in no file)."""
-    from spark_mq.sources.executors import _consume, _session, batch_path
+    from spark_mq.sources.batchfiles import batch_path
+    from spark_mq.sources.executors import _consume, _session
     fmt, broker, url, dests = _case(request, case, unique_name)
     dests = dests[:1]
     _publish(fmt, url, dests[0], 0, 300)

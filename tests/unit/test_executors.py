@@ -1,4 +1,5 @@
-"""Executor-side ingest (``spark_mq.sources.executors``): the pure parts. Batch files (first link wins,
+"""Executor-side ingest (``spark_mq.sources.executors``, its batch files in ``spark_mq.sources.batchfiles``):
+the pure parts. Batch files (first link wins,
 row counts), identities the same in every process, the stream reader's offsets, availableNow's end,
 trimming, and the options it refuses. The broker-facing parts are in
 tests/integration/test_sources_executors.py and test_cluster.py."""
@@ -15,6 +16,7 @@ import pytest
 from spark_mq import schema as S
 from spark_mq.errors import OptionError
 from spark_mq.options import SOURCE, parse_options
+from spark_mq.sources import batchfiles as B
 from spark_mq.sources import executors as X
 
 
@@ -36,52 +38,52 @@ def _row(body: bytes, offset: int):
 def _write(path, bodies, late=False):
     rows = [_row(b, i) for i, b in enumerate(bodies)]
     batches = [S.build_batch("amqp08", rows)] if rows else []
-    return X._write_first(path, S.source_arrow_schema("amqp08"), batches, len(rows), late)
+    return B.write_first(path, S.source_arrow_schema("amqp08"), batches, len(rows), late)
 
 
 def test_the_first_link_wins_and_the_loser_leaves_no_file(tmp_path):
-    path = X.batch_path(str(tmp_path), 2, 7)
+    path = B.batch_path(str(tmp_path), 2, 7)
     assert _write(path, [b"a", b"b"]) is True
     assert _write(path, [b"x"]) is False  # a second attempt of the same task
-    assert X.file_rows(path) == 2
-    got = [b for batch in X._read_file(path) for b in batch.column("body").to_pylist()]
+    assert B.file_rows(path) == 2
+    got = [b for batch in B.read_file(path) for b in batch.column("body").to_pylist()]
     assert got == [b"a", b"b"]
     assert sorted(os.listdir(os.path.dirname(path))) == ["batch-000000000007.arrow"]  # no temporary left
 
 
 def test_an_empty_batch_file_says_zero_rows_and_a_missing_one_none(tmp_path):
-    path = X.batch_path(str(tmp_path), 0, 0)
-    assert X.file_rows(path) is None
+    path = B.batch_path(str(tmp_path), 0, 0)
+    assert B.file_rows(path) is None
     assert _write(path, []) is True
-    assert X.file_rows(path) == 0
+    assert B.file_rows(path) == 0
 
 
 def test_identities_are_the_same_in_another_process():
     args = (b"body\x00", None, [("k", "v"), ("redelivered", "true"), ("x-delivery-count", "1")], False)
-    here = X.task_identity(*args)
-    code = ("from spark_mq.sources.executors import task_identity as t; "
+    here = B.task_identity(*args)
+    code = ("from spark_mq.sources.batchfiles import task_identity as t; "
             "print(t(b'body\\x00', None, [('x-delivery-count', '3'), ('k', 'v')], False))")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert there.strip() == repr(here)  # volatile headers ignored, header order ignored, no per-process key
-    assert X.task_identity(b"body\x01", None, [("k", "v")], False) != here
-    assert X.task_identity(b"b", "id-1", None, True) == ("m", "id-1")
-    assert X.task_identity(b"b", "id-1", None, False)[0] == "c"  # ids that change per session are not used
-    assert X.task_identity(b"b", "id-1", [(S.ID_HEADER, "sink-7")], True) == ("h", "sink-7")
+    assert B.task_identity(b"body\x01", None, [("k", "v")], False) != here
+    assert B.task_identity(b"b", "id-1", None, True) == ("m", "id-1")
+    assert B.task_identity(b"b", "id-1", None, False)[0] == "c"  # ids that change per session are not used
+    assert B.task_identity(b"b", "id-1", [(S.ID_HEADER, "sink-7")], True) == ("h", "sink-7")
 
 
 def test_recent_identities_see_files_that_appear_later(tmp_path):
     root = str(tmp_path)
-    _write(X.batch_path(root, 0, 25 - X.RECENT_BATCHES - 1), [b"too-old"])
-    _write(X.batch_path(root, 1, 25 - X.RECENT_BATCHES), [b"recent"])
-    recent = X.RecentIdentities(root, 25, stable_ids=False)
-    key = lambda b: X.task_identity(b, None, None, False)  # noqa: E731
+    _write(B.batch_path(root, 0, 25 - B.RECENT_BATCHES - 1), [b"too-old"])
+    _write(B.batch_path(root, 1, 25 - B.RECENT_BATCHES), [b"recent"])
+    recent = B.RecentIdentities(root, 25, stable_ids=False)
+    key = lambda b: B.task_identity(b, None, None, False)  # noqa: E731
     assert key(b"recent") in recent
     assert key(b"too-old") not in recent  # older than RECENT_BATCHES behind this batch
     assert key(b"now") not in recent
-    _write(X.batch_path(root, 2, 25), [b"now"])  # another lane of this batch links its file
+    _write(B.batch_path(root, 2, 25), [b"now"])  # another lane of this batch links its file
     assert key(b"now") in recent
-    _write(X.batch_path(root, 2, 26), [b"later"])  # a later batch's file is not this task's business
+    _write(B.batch_path(root, 2, 26), [b"later"])  # a later batch's file is not this task's business
     assert key(b"later") not in recent
 
 
@@ -90,7 +92,7 @@ def test_stream_reader_plans_one_batch_per_trigger_over_every_lane(tmp_path):
     reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None)
     start = reader.initialOffset()
     assert start == {"batch": 0, "consumers": 3}
-    assert (tmp_path / "log" / X.EXECUTORS_FILE).exists()
+    assert (tmp_path / "log" / B.EXECUTORS_FILE).exists()
     end = reader.latestOffset(start, None)
     assert end == {"batch": 1, "consumers": 3}
     parts = reader.partitions(start, end)
@@ -104,7 +106,7 @@ def test_stream_reader_plans_one_batch_per_trigger_over_every_lane(tmp_path):
 
 def test_a_new_query_starts_after_existing_batch_files(tmp_path):
     opts = _opts(tmp_path)
-    _write(X.batch_path(str(tmp_path / "log"), 0, 41), [b"served"])
+    _write(B.batch_path(str(tmp_path / "log"), 0, 41), [b"served"])
     reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None)
     assert reader.initialOffset()["batch"] == 42
 
@@ -114,15 +116,15 @@ def test_available_now_ends_after_a_batch_with_nothing(tmp_path):
     root = str(tmp_path / "log")
     reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None)
     reader.initialOffset()
-    _write(X.batch_path(root, 0, 0), [])
-    _write(X.batch_path(root, 1, 0), [])   # the last run's final batch was empty ...
+    _write(B.batch_path(root, 0, 0), [])
+    _write(B.batch_path(root, 1, 0), [])   # the last run's final batch was empty ...
     reader.prepareForTriggerAvailableNow()
     assert reader.latestOffset({"batch": 1, "consumers": 2})["batch"] == 2  # ... a new run plans one all the same
-    _write(X.batch_path(root, 0, 1), [b"m"])
-    _write(X.batch_path(root, 1, 1), [])
+    _write(B.batch_path(root, 0, 1), [b"m"])
+    _write(B.batch_path(root, 1, 1), [])
     assert reader.latestOffset({"batch": 2, "consumers": 2})["batch"] == 3   # batch 1 had a message
-    _write(X.batch_path(root, 0, 2), [])
-    _write(X.batch_path(root, 1, 2), [])
+    _write(B.batch_path(root, 0, 2), [])
+    _write(B.batch_path(root, 1, 2), [])
     assert reader.latestOffset({"batch": 3, "consumers": 2})["batch"] == 3   # batch 2 had none: the run ends
 
 
@@ -136,11 +138,11 @@ def test_available_now_ends_once_its_batches_hold_the_depth_counted_at_its_start
     reader.prepareForTriggerAvailableNow()
     assert len(asked) == 1  # counted once, at the run's start
     assert reader.latestOffset({"batch": 0, "consumers": 2})["batch"] == 1
-    _write(X.batch_path(root, 0, 0), [b"a", b"b"])
-    _write(X.batch_path(root, 1, 0), [b"c"])
+    _write(B.batch_path(root, 0, 0), [b"a", b"b"])
+    _write(B.batch_path(root, 1, 0), [b"c"])
     assert reader.latestOffset({"batch": 1, "consumers": 2})["batch"] == 2   # 3 of 5: on
-    _write(X.batch_path(root, 0, 1), [b"d"])
-    _write(X.batch_path(root, 1, 1), [b"e", b"f"])  # a producer keeps sending: never an empty batch
+    _write(B.batch_path(root, 0, 1), [b"d"])
+    _write(B.batch_path(root, 1, 1), [b"e", b"f"])  # a producer keeps sending: never an empty batch
     assert reader.latestOffset({"batch": 2, "consumers": 2})["batch"] == 2   # 6 of 5: the run ends
     assert len(asked) == 1
 
@@ -154,10 +156,10 @@ def test_available_now_ends_after_a_message_stamped_after_its_start(tmp_path):
     end = reader.latestOffset({"batch": 0, "consumers": 1})
     (part,) = reader.partitions({"batch": 0, "consumers": 1}, end)
     assert part.run_began_ms is not None  # the task compares its messages' stamps with it
-    _write(X.batch_path(root, 0, 0), [b"a"])
+    _write(B.batch_path(root, 0, 0), [b"a"])
     assert reader.latestOffset({"batch": 1, "consumers": 1})["batch"] == 2
-    _write(X.batch_path(root, 0, 1), [b"b", b"c"], late=True)
-    assert X.file_stamped_late(X.batch_path(root, 0, 1)) and not X.file_stamped_late(X.batch_path(root, 0, 0))
+    _write(B.batch_path(root, 0, 1), [b"b", b"c"], late=True)
+    assert B.file_stamped_late(B.batch_path(root, 0, 1)) and not B.file_stamped_late(B.batch_path(root, 0, 0))
     assert reader.latestOffset({"batch": 2, "consumers": 1})["batch"] == 2
 
 
@@ -180,10 +182,10 @@ def test_commit_keeps_the_recent_batch_files(tmp_path):
     root = str(tmp_path / "log")
     reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None)
     for b in range(15):
-        _write(X.batch_path(root, 0, b), [b"m"])
+        _write(B.batch_path(root, 0, b), [b"m"])
     reader.commit({"batch": 15, "consumers": 1})
-    left = sorted(X._batch_of(n) for n in os.listdir(os.path.join(root, "lane-0")))
-    assert left == list(range(15 - X.RECENT_BATCHES, 15))
+    left = sorted(B._batch_of(n) for n in os.listdir(os.path.join(root, "lane-0")))
+    assert left == list(range(15 - B.RECENT_BATCHES, 15))
 
 
 def test_what_executor_ingest_refuses(tmp_path):
@@ -202,7 +204,7 @@ def test_what_executor_ingest_refuses(tmp_path):
 
 def test_the_driver_side_ingest_refuses_a_location_of_executor_ingest(tmp_path):
     from spark_mq.sources.lanes import check_layout
-    X.mark_placement(str(tmp_path))
+    B.mark_placement(str(tmp_path))
     with pytest.raises(OptionError, match="ingest=executors"):
         check_layout(str(tmp_path), 1)
 
