@@ -67,7 +67,6 @@ def mark_placement(root: str) -> None:
             json.dump({"ingest": "executors"}, f)
 
 
-
 # -- identities -----------------------------------------------------------------------------------
 
 def task_identity(body: bytes, message_id, headers, stable_ids: bool):
@@ -108,8 +107,27 @@ class RecentIdentities:
         self.root, self.batch, self.stable_ids = root, batch, stable_ids
         self._loaded: set = set()
         self._ids: set = set()
+        self._lane_dirs: list = []
+        self._listed: Optional[tuple] = None  # the directories' modification times at the last listing
+
+    def _dirs_changed(self) -> bool:
+        """Whether a file was linked (or a lane directory made) since the last listing: a miss re-lists only
+        then. A redelivery that is not a duplicate is a miss, and a task on a STOMP broker, which cannot stop
+        its subscription before acknowledging, may hold thousands of them."""
+        try:
+            if tuple(os.stat(d).st_mtime_ns for d in (self.root, *self._lane_dirs)) == self._listed:
+                return False
+            # taken before the listing that follows, so that a file linked meanwhile changes them again
+            root = os.stat(self.root).st_mtime_ns  # before the scan: a lane made after it changes it
+            self._lane_dirs = [e.path for e in os.scandir(self.root) if e.name.startswith("lane-") and e.is_dir()]
+            self._listed = (root, *(os.stat(d).st_mtime_ns for d in self._lane_dirs))
+        except FileNotFoundError:
+            self._listed = None  # no location yet, or a lane going: list every time
+        return True
 
     def _refresh(self) -> None:
+        if not self._dirs_changed():
+            return
         for b, path in batch_files(self.root):
             if b < self.batch - RECENT_BATCHES or b > self.batch or path in self._loaded:
                 continue
@@ -124,7 +142,6 @@ class RecentIdentities:
             return True
         self._refresh()
         return key in self._ids
-
 
 
 # -- the batch files ------------------------------------------------------------------------------
