@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import pyarrow as pa
 import pytest
 
 from spark_mq import schema as S
@@ -163,6 +162,24 @@ def test_available_now_ends_once_its_batches_hold_the_depth_counted_at_its_start
     _write(B.batch_path(root, 1, 1), [b"e", b"f"])  # a producer keeps sending: never an empty batch
     assert reader.latestOffset({"batch": 2, "consumers": 2})["batch"] == 2   # 6 of 5: the run ends
     assert len(asked) == 1
+
+
+def test_available_now_without_a_depth_ends_at_an_empty_batch(tmp_path):
+    from spark_mq.errors import BrokerError
+
+    def depth(opts):  # a queue not yet declared: RabbitMQ answers a passive declare with 404
+        raise BrokerError("NOT_FOUND - no queue 'q'")
+
+    opts = _opts(tmp_path)
+    root = str(tmp_path / "log")
+    reader = X.ExecutorStreamReader("amqp08", opts, S.source_schema("amqp08"), lambda o, a: None, depth)
+    reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()  # logs the unknown depth, does not fail the query
+    assert reader.latestOffset({"batch": 0, "consumers": 1})["batch"] == 1
+    _write(B.batch_path(root, 0, 0), [b"a"])
+    assert reader.latestOffset({"batch": 1, "consumers": 1})["batch"] == 2
+    _write(B.batch_path(root, 0, 1), [])
+    assert reader.latestOffset({"batch": 2, "consumers": 1})["batch"] == 2
 
 
 def test_available_now_ends_after_a_message_stamped_after_its_start(tmp_path):
