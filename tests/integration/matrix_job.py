@@ -10,7 +10,7 @@ Phases (each one SparkSession, ``local[2]``, all three formats):
   ``register`` twice, a batch write and read.
 - ``main``: automatic registration, then ``spark_mq.register`` twice; batch write and batch read;
   stream read with ``maxMessagesPerTrigger`` into the format's stream sink; ``trigger(once=True)``;
-  ``trigger(availableNow=True)``; then it starts one query per format (source -> parquet file sink,
+  ``trigger(availableNow=True)``; an amqp08 stream read with ``ingest=executors`` (two lanes); then it starts one query per format (source -> parquet file sink,
   small batches) and prints ``READY`` once each has committed batches and has more to read; the
   test then SIGKILLs it (the whole process group: a driver crash).
 - ``resume``: first continues the upgrade queries a ``resume`` on an older release left mid-run
@@ -186,6 +186,24 @@ def main(spark) -> None:
             rows = sorted(r.b for r in spark.table(table).collect())
             report("trigger", format=fmt, trigger=trigger, finished=bool(finished), batches=sorted_progress(query),
                    rows=len(rows), exact_prefix=rows == values[:len(rows)], error=str(query.exception() or ""))
+
+    # ingest on the executors (amqp08: stomp here is RabbitMQ's adapter, which that placement refuses, and
+    # Malamute has no acks): two lanes consume in each batch's tasks
+    values = bodies("amqp08-executors", 400)
+    batch_write(spark, "amqp08", CONFIG["names"]["amqp08"]["executors"], values)
+    query = (spark.readStream.format("amqp08").options(**source_options("amqp08", CONFIG["names"]["amqp08"]["executors"]))
+             .option("logLocation", f"{work}/amqp08-executors-log").option("ingest", "executors")
+             .option("consumers", 2).option("taskIngestTime", "0.5s").load()
+             .select(F.col("body").cast("string").alias("b")).writeStream.format("memory")
+             .queryName("amqp08_executors").option("checkpointLocation", f"{work}/amqp08-executors-ckpt")
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_rows(query, lambda: sum(sorted_progress(query)), len(values), "amqp08 ingest=executors")
+    finally:
+        query.stop()
+    rows = sorted(r.b for r in spark.table("amqp08_executors").collect())
+    report("executors_stream", format="amqp08", sent=len(values), read=len(rows), exact=rows == values,
+           error=str(query.exception() or ""))
 
 
 # -- kill / resume -------------------------------------------------------------------------------

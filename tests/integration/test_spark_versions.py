@@ -10,7 +10,8 @@ where the whole suite runs too) with the wheel installed, three Spark driver pro
 - ``main``: the capabilities ``spark_mq.compat`` detects are the ones the matrix states; automatic
   registration, then ``register`` twice; batch write + batch read; stream read with
   ``maxMessagesPerTrigger`` into each format's stream sink; ``once`` and ``availableNow`` as
-  documented for the release (docs/getting-started.md, "Spark versions");
+  documented for the release (docs/getting-started.md, "Spark versions"); an amqp08 stream read with
+  ``ingest=executors`` and two lanes, every message once;
 - then, in the same session, one query per format into a parquet sink, SIGKILLed (the whole process
   group) once each has committed batches and has more to read;
 - ``resume``: the killed queries restarted from their checkpoints; every message in the sink exactly
@@ -44,7 +45,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 JOB = Path(__file__).with_name("matrix_job.py")
 JOB_TIMEOUT = 600
-KILL_MESSAGES = 1050
+# per format and killed query: 14 batches at maxMessagesPerTrigger=150. The kill waits until every format's
+# query has committed two batches; with 1,050 (7 batches) the amqp08 upgrade query of 4.2.1 once read all of
+# its messages while stomp and malamute got to 450, and the "killed mid-run" check failed (stop 56)
+KILL_MESSAGES = 2100
 FORMATS = ("amqp08", "stomp", "malamute")
 STREAM_CAP = 200
 TRIGGER_SENT, TRIGGER_CAP = 250, 100
@@ -73,7 +77,7 @@ def _names(run: str, version: str, upgrade_key: str) -> dict:
     names = {}
     for fmt in FORMATS:
         per = {k: f"mx-{run}-{version}-{fmt}-{k}" for k in ("batch", "stream_in", "stream_out", "once",
-                                                            "availableNow", "kill", "connect")}
+                                                            "availableNow", "kill", "connect", "executors")}
         per["upgrade"] = f"mx-{run}-{upgrade_key}-{fmt}-upgrade"
         names[fmt] = per
     return names
@@ -181,6 +185,8 @@ def _check_main(r: spark_matrix.Release, reports: list) -> None:
             else:
                 # one batch holding everything available at start (docs/getting-started.md, "Spark versions")
                 assert run["batches"] == [TRIGGER_SENT] and run["rows"] == TRIGGER_SENT, run
+    executors = _one(reports, "executors_stream", format="amqp08")  # ingest on the executors, every release
+    assert executors["exact"] and executors["read"] == executors["sent"] == 400 and not executors["error"], executors
 
 
 def _check_connect(reports: list) -> None:
