@@ -22,7 +22,7 @@ from spark_mq import schema as S
 from spark_mq.sources.dedup import VOLATILE_HEADERS
 
 __all__ = ["EXECUTORS_FILE", "RECENT_BATCHES", "batch_path", "batch_files", "mark_placement", "task_identity",
-           "RecentIdentities", "read_file", "file_rows", "file_stamped_late", "write_first"]
+           "RecentIdentities", "read_file", "file_summary", "file_rows", "file_stamped_late", "write_first"]
 
 #: the file that marks a logLocation as written by executor-side ingest (JSON: {"ingest": "executors"})
 EXECUTORS_FILE = "executors.json"
@@ -162,16 +162,24 @@ def _file_meta(path: str) -> Optional[dict]:
         return None
 
 
+def file_summary(path: str) -> tuple:
+    """``(rows, late)`` of a batch file, from one read of its metadata: rows None if the file is absent; late
+    whether its task took a message the broker stamped after the availableNow run began
+    (``TaskPartition.run_began_ms``; ActiveMQ)."""
+    meta = _file_meta(path)
+    if meta is None:
+        return None, False
+    return int(meta.get(b"rows", b"0")), meta.get(_LATE) == b"1"
+
+
 def file_rows(path: str) -> Optional[int]:
     """Rows in a batch file, or None if absent."""
-    meta = _file_meta(path)
-    return None if meta is None else int(meta.get(b"rows", b"0"))
+    return file_summary(path)[0]
 
 
 def file_stamped_late(path: str) -> bool:
-    """Whether the task that wrote this batch file took a message its broker stamped after the availableNow
-    run began (``TaskPartition.run_began_ms``; ActiveMQ)."""
-    return (_file_meta(path) or {}).get(_LATE) == b"1"
+    """Whether the task that wrote this batch file took a message stamped after the availableNow run began."""
+    return file_summary(path)[1]
 
 
 def write_first(path: str, schema: pa.Schema, batches: list, rows: int, late: bool = False) -> bool:

@@ -57,7 +57,7 @@ from spark_mq.compat import CAPS, ReadAllAvailable, SupportsTriggerAvailableNow
 from spark_mq.errors import OptionError, PoisonDelivery, SparkMqError
 from spark_mq.options import Options
 from spark_mq.sources.batchfiles import (EXECUTORS_FILE, RECENT_BATCHES, RecentIdentities, batch_files, batch_path,
-                                         file_rows, file_stamped_late, mark_placement, read_file, task_identity,
+                                         file_summary, mark_placement, read_file, task_identity,
                                          write_first)
 from spark_mq.sources.formats.sourcelist import name_list
 from spark_mq.sources.lanes import LANES_FILE
@@ -341,13 +341,13 @@ class ExecutorStreamReader(DataSourceStreamReader):
         last = s - 1
         if self._run_first is None or last < self._run_first:
             return None
-        paths = [batch_path(self.root, lane, last) for lane in range(self.consumers)]
-        self._run_rows[last] = sum(file_rows(p) or 0 for p in paths)
+        lanes = [file_summary(batch_path(self.root, lane, last)) for lane in range(self.consumers)]
+        self._run_rows[last] = sum(rows or 0 for rows, _ in lanes)
         if self._run_rows[last] == 0:
             return "a batch in which no lane found anything"
         if self._run_target is not None and sum(self._run_rows.values()) >= self._run_target:
             return f"its batches hold the {self._run_target} messages the queues held at its start"
-        if any(file_stamped_late(p) for p in paths):
+        if any(late for _, late in lanes):
             return "a message the broker stamped after its start"
         return None
 
