@@ -12,18 +12,23 @@ The floor, measured the same way in the same run: ``format("bench-latency-floor"
 reader with no broker and no log, whose clock makes a row available every 1/``RATE`` s
 (``latestOffset`` answers how many it has made available so far) and whose rows carry the time they
 became available. No source can beat it on this machine: it is Spark's trigger loop, planning and
-task for a Python source, with nothing to wait for. It is measured first and last; its rows are pooled.
+task for a Python source, with nothing to wait for.
 
 Each case runs ``--warmup`` seconds (not measured: the query's start, the JIT, the first batches)
-then ``--seconds`` measured; the rows sent in the measured window must all arrive. Per case: p50, p99,
-p99.9 and max of the latency, the ratio of p50 and p99 to the floor's, the batches and their mean
-spacing, and the median of Spark's own per-batch durations (``durationMs`` of the progress reports).
+then ``--seconds`` measured; the rows sent in the measured window must all arrive. The run makes
+``--passes`` passes (``PASSES``, 2) over the cases, in turned order on every other pass, with the floor
+before the first pass and after each: a row's figures pool the rows of its passes (and so do the
+floor's), so that neither one noisy window nor a case's place in the run decides a row. Per row: p50,
+p99, p99.9 and max of the latency, the ratio of p50 and p99 to the floor's, the batches and their mean
+spacing, and the mean over its passes of the median of Spark's own per-batch durations (``durationMs``
+of the progress reports); each pass's figures are kept under ``runs``.
 
-Each row is also measured with the options of each of ``VARIANTS`` (``--variants=a=b;c=d,...``),
-right after the defaults: ``endGroupAtPlan=false`` is the ingest as it was before a repeating
-trigger's planning ended the group being gathered, so before and after compare in one run.
+A row can also be measured with other options (``--variants=a=b;c=d,...`` for the driver-side rows,
+``--executor-variants=...`` for the executor-side ones), right after its defaults, e.g.
+``endGroupAtPlan=false``: the ingest as it was before a repeating trigger's planning ended the group
+being gathered, so before and after compare in one run.
 
-    python -m bench latency                       # 10 s warm-up + 30 s per case, every row
+    python -m bench latency                       # 10 s warm-up + 30 s per case and pass, every row
     python -m bench latency --seconds=10 --warmup=5 --only=malamute   # a quick look (partial: no file)
     python -m bench latency --opts=malamute:fsyncInterval=0.01        # an option on a row (partial)
 """
@@ -47,13 +52,14 @@ RATE = 1000        # messages a second
 SECONDS = 30.0     # measured per case
 WARMUP = 10.0      # seconds per case before the measured window
 BODY = 100         # bytes per body: the send time as text, padded with spaces
+PASSES = 2         # runs per case, in turned order (see main)
 PLACEMENTS = ("driver", "executors")   # ingest placements: the driver-side reader process; each batch's tasks
-# Option sets measured beside the defaults, per driver-side row (key ``<row>/driver/<variant>``): the
-# behaviour before planning ended the group being gathered (issue 45), so the two compare in one run
-VARIANTS = ("endGroupAtPlan=false",)
-# ... and per executor-side row: a task that drains a quarter of a second instead of taskIngestTime's
-# default second (smaller batches, sooner)
-EXECUTOR_VARIANTS = ("taskIngestTime=0.25",)
+# Option sets measured beside the defaults, per driver-side row (key ``<row>/driver/<variant>``) and per
+# executor-side row: none by default (each doubles its row's time). Given with --variants and
+# --executor-variants, e.g. endGroupAtPlan=false (the ingest before a repeating trigger's planning ended
+# the group being gathered) or taskIngestTime=0.25 (a task that drains a quarter of a second)
+VARIANTS: tuple = ()
+EXECUTOR_VARIANTS: tuple = ()
 TARGET_P50 = 1.25  # issue 45: p50 within 1.25x of the floor ...
 TARGET_P99 = 1.5   # ... and p99 within 1.5x
 FLOOR = "floor"
@@ -87,6 +93,23 @@ def vs_floor(row: dict, floor: dict) -> dict:
     p50, p99 = row["p50_ms"] / floor["p50_ms"], row["p99_ms"] / floor["p99_ms"]
     return {"p50_ratio": round(p50, 3), "p99_ratio": round(p99, 3),
             "meets_target": p50 <= TARGET_P50 and p99 <= TARGET_P99}
+
+
+def pooled(latencies_s: list, runs: list) -> dict:
+    """A row's figures over its runs (each ``run_case``'s figures, without samples): the latency summary of
+    all their rows, the batches summed, the per-batch figures averaged; each run kept under ``runs``."""
+    def mean(name):
+        values = [r[name] for r in runs if r.get(name) is not None]
+        return round(statistics.fmean(values), 1) if values else None
+    spark = {}
+    for r in runs:
+        for part, ms in (r.get("spark_duration_ms_median") or {}).items():
+            spark.setdefault(part, []).append(ms)
+    return {**summary(latencies_s), "batches": sum(r["batches"] for r in runs),
+            "rows_per_batch": mean("rows_per_batch"), "batch_spacing_ms": mean("batch_spacing_ms"),
+            "collect_ms_median": mean("collect_ms_median"),
+            "spark_duration_ms_median": {part: round(statistics.fmean(v), 1) for part, v in spark.items()},
+            "runs": runs}
 
 
 def in_window(samples: list, begin: float, end: float) -> list:
@@ -339,8 +362,11 @@ def main(argv: list) -> dict:
     seconds = _arg(argv, "seconds", SECONDS)
     warmup = _arg(argv, "warmup", WARMUP)
     only = _arg(argv, "only", None, str)
+    passes = _arg(argv, "passes", PASSES, int)
     extra = _row_options(argv)
     variants = tuple(v for v in _arg(argv, "variants", ",".join(VARIANTS), str).split(",") if v)
+    executor_variants = tuple(v for v in _arg(argv, "executor-variants", ",".join(EXECUTOR_VARIANTS), str).split(",")
+                              if v)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from bench.common import harness, integration_module, write_results
@@ -386,12 +412,12 @@ def main(argv: list) -> dict:
             return {"uri": uri, "destination": "/queue/" + dest}, ("stomp", uri, "/queue/" + dest)
         return {"uri": mlm.endpoint, "mailbox": dest}, ("malamute", mlm.endpoint, dest)
 
-    cases: list = [(FLOOR, floor_reader, None)]
+    cases: list = []
     for row in formats:
         for placement in PLACEMENTS:
             if placement == "executors" and row in ("malamute", "stomp"):
                 continue  # refused: Malamute has no acks; RabbitMQ's STOMP adapter (spark_mq.sources.executors)
-            for variant in ("",) + (variants if placement == "driver" else EXECUTOR_VARIANTS):
+            for variant in ("",) + (variants if placement == "driver" else executor_variants):
                 key = f"{row}/{placement}" + (f"/{variant}" if variant else "")
                 options, producer = endpoint(row, f"latency-{row}-{uuid.uuid4().hex[:6]}")
                 if placement == "executors":
@@ -399,29 +425,31 @@ def main(argv: list) -> dict:
                 options.update(kv.split("=", 1) for kv in variant.split(";") if kv)
                 options.update({**extra.get(row, {}), **extra.get(key, {})})
                 cases.append((key, source_reader(row.split("-")[0], options), producer))
-    cases.append((FLOOR, floor_reader, None))  # the floor again, last: the machine may have changed
+    # each pass runs every case, in turned order on every other pass, with the floor before the first
+    # pass and after each: a row's figures pool its passes, so neither one noisy window nor its place in
+    # the run (a quiet start, a JVM that has run more) decides it
+    order: list = [(FLOOR, floor_reader, None)]
+    for i in range(passes):
+        order += (cases if i % 2 == 0 else cases[::-1]) + [(FLOOR, floor_reader, None)]
 
     figures: dict = {"rate_msgs_per_s": RATE, "seconds": seconds, "warmup_seconds": warmup, "body_bytes": BODY,
                      "trigger": "default (none set)", "placements": list(PLACEMENTS),
                      "target": {"p50_ratio": TARGET_P50, "p99_ratio": TARGET_P99}, "rows": {},
-                     "options": extra, "variants": list(variants), "load_before": os.getloadavg()}
-    floor_samples: list = []
-    floor_runs: list = []
+                     "options": extra, "variants": list(variants), "passes": passes,
+                     "load_before": os.getloadavg()}
+    samples: dict = {}  # key -> the latencies of all its runs
+    runs: dict = {}     # key -> its runs' figures
     try:
         # unmeasured: the session's first streaming query (JIT, Python workers) runs at a fraction of the pace
         run_case(spark, "warm-up", floor_reader, None, 30.0, warmup)
-        for key, reader, producer in cases:
+        for key, reader, producer in order:
             out = run_case(spark, key, reader, producer, seconds, warmup)
-            samples = out.pop("samples")
+            samples.setdefault(key, []).extend(out.pop("samples"))
+            runs.setdefault(key, []).append(out)
             print(f"{key}: p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms, max {out['max_ms']:.0f} ms over "
                   f"{out['n']} rows, {out['batches']} batches every {out['batch_spacing_ms']} ms "
                   f"({out['rows_per_batch']} rows), collect {out['collect_ms_median']} ms; Spark per batch "
                   f"{out['spark_duration_ms_median']}; load {os.getloadavg()[0]:.2f}", flush=True)
-            if key == FLOOR:
-                floor_samples += samples
-                floor_runs.append(out)
-            else:
-                figures["rows"][key] = out
     finally:
         spark.stop()
         if mlm is not None:
@@ -430,10 +458,11 @@ def main(argv: list) -> dict:
             rabbit._shutdown()
         if activemq is not None:
             activemq._shutdown()
-    floor = summary(floor_samples)
+    floor_runs = runs.pop(FLOOR)
+    floor = summary(samples.pop(FLOOR))
     figures["floor"] = {**floor, "runs": floor_runs}
-    for key, row in figures["rows"].items():
-        row.update(vs_floor(row, floor))
+    for key in runs:
+        figures["rows"][key] = {**pooled(samples[key], runs[key]), **vs_floor(summary(samples[key]), floor)}
     figures["load_after"] = os.getloadavg()
     print(f"\npublish -> foreachBatch latency at {RATE} msg/s, default trigger, {seconds:g} s per case after "
           f"{warmup:g} s of warm-up (load average {figures['load_before'][0]:.2f} before, "
@@ -460,7 +489,8 @@ def main(argv: list) -> dict:
          f"p50 <= x{TARGET_P50}, p99 <= x{TARGET_P99}" if key.endswith("/driver")
          else "none (a batch is at least a task's drain: taskIngestTime)")
         for key, row in figures["rows"].items() if key.count("/") == 1]
-    partial = bool(only) or bool(extra) or seconds != SECONDS or warmup != WARMUP or variants != VARIANTS
+    partial = bool(only) or bool(extra) or seconds != SECONDS or warmup != WARMUP or variants != VARIANTS or \
+        executor_variants != EXECUTOR_VARIANTS or passes != PASSES
     write_results("latency", figures, partial=partial)
     return figures
 

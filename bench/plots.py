@@ -483,7 +483,11 @@ def latency_section() -> list[str]:
         "and records, per row, the time it saw the row minus the send time; "
         f"{r['seconds']:g} s measured per case after {r['warmup_seconds']:g} s of warm-up. The floor is a Python",
         "streaming source with no broker and no log whose rows carry the time they became available, measured",
-        "the same way first and last in the same run (its rows pooled). *every ms*: the mean spacing of the",
+        ("the same way first and last in the same run (its rows pooled). *every ms*: the mean spacing of the"
+         if r.get("passes", 1) == 1 else
+         f"the same way in the same run, before the first pass over the cases and after each ({r['passes']} passes,"
+         " every other one in turned order; a row's and the floor's rows pooled over its passes). *every ms*: the"
+         " mean spacing of the"),
         "batches; the Spark columns are medians of the batches' `durationMs` (`latestOffset`: the source's",
         "offset call; `addBatch`: the `foreachBatch` function, its collect included; `triggerExecution`: the",
         "whole batch).",
@@ -498,7 +502,8 @@ def latency_section() -> list[str]:
         return f"{v:.0f}" if v is not None else "-"
 
     for i, run in enumerate(floor["runs"]):
-        lines.append(f"| floor ({'first' if i == 0 else 'last'}) | - | {run['p50_ms']:.0f} | {run['p99_ms']:.0f} | "
+        name = f"run {i + 1}" if r.get("passes", 1) > 1 else "first" if i == 0 else "last"
+        lines.append(f"| floor ({name}) | - | {run['p50_ms']:.0f} | {run['p99_ms']:.0f} | "
                      f"{run['max_ms']:.0f} | | | {run['batches']} | {run['batch_spacing_ms']:.0f} | "
                      f"{spark(run, 'latestOffset')} | {spark(run, 'addBatch')} | {spark(run, 'triggerExecution')} |")
     lines.append(f"| floor (pooled) | - | {floor['p50_ms']:.0f} | {floor['p99_ms']:.0f} | {floor['max_ms']:.0f} | "

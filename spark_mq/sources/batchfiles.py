@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import uuid
+from itertools import repeat
 from typing import Iterator, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_mq import schema as S
 from spark_mq.sources.dedup import VOLATILE_HEADERS
@@ -90,11 +92,29 @@ def task_identity(body: bytes, message_id, headers, stable_ids: bool):
 
 
 def _file_identities(path: str, stable_ids: bool) -> set:
+    """The identities of a batch file's messages (``task_identity`` of each). Where ids are stable, taken
+    column-wise: a message with a non-empty id header is ``("h", header)``, one without that header and
+    with a message id ``("m", id)``; only the others go through ``task_identity`` one by one. Measured on
+    ActiveMQ (``python -m bench.task_steps``): a task whose deliveries came redelivered spent 0.28-0.55 s
+    loading the identities of 1 to 3 files of 25,000 rows one row at a time (headers made Python maps)."""
     out = set()
     for batch in read_file(path):
-        cols = batch.select(["body", "message_id", "headers"]).to_pydict()
-        for body, mid, headers in zip(cols["body"], cols["message_id"], cols["headers"]):
-            out.add(task_identity(body, mid, headers, stable_ids))
+        if not stable_ids:
+            cols = batch.select(["body", "message_id", "headers"]).to_pydict()
+            for body, mid, headers in zip(cols["body"], cols["message_id"], cols["headers"]):
+                out.add(task_identity(body, mid, headers, stable_ids))
+            continue
+        header = pc.map_lookup(batch.column("headers"), S.ID_HEADER, "first")
+        mid = batch.column("message_id")
+        by_header = pc.fill_null(pc.not_equal(header, ""), False)
+        by_id = pc.and_(pc.is_null(header), pc.is_valid(mid))
+        out.update(zip(repeat("h"), pc.filter(header, by_header).to_pylist()))
+        out.update(zip(repeat("m"), pc.filter(mid, by_id).to_pylist()))
+        rest = batch.filter(pc.invert(pc.or_(by_header, by_id)))
+        if rest.num_rows:
+            cols = rest.select(["body", "message_id", "headers"]).to_pydict()
+            for body, m, headers in zip(cols["body"], cols["message_id"], cols["headers"]):
+                out.add(task_identity(body, m, headers, stable_ids))
     return out
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.bench_latency import BODY, body_of, in_window, percentile, summary, vs_floor
+from bench.bench_latency import BODY, body_of, in_window, percentile, pooled, summary, vs_floor
 
 
 def test_percentile_interpolates_between_ranks_as_numpy_does():
@@ -37,3 +37,16 @@ def test_only_rows_sent_in_the_window_count():
 def test_a_body_carries_its_send_time():
     b = body_of(1764377362.123456)
     assert len(b) == BODY and float(b.decode()) == 1764377362.123456
+
+
+def test_a_rows_passes_are_pooled():
+    runs = [{"batches": 10, "rows_per_batch": 100.0, "batch_spacing_ms": 300.0, "collect_ms_median": 20.0,
+             "spark_duration_ms_median": {"addBatch": 100, "latestOffset": 2}},
+            {"batches": 20, "rows_per_batch": 50.0, "batch_spacing_ms": None, "collect_ms_median": 40.0,
+             "spark_duration_ms_median": {"addBatch": 200}}]
+    row = pooled([0.1, 0.2, 0.3, 0.4, 0.5], runs)
+    assert row["p50_ms"] == 300.0 and row["n"] == 5  # the latencies of both passes, as one set
+    assert row["batches"] == 30 and row["rows_per_batch"] == 75.0 and row["collect_ms_median"] == 30.0
+    assert row["batch_spacing_ms"] == 300.0  # a pass without a spacing does not count
+    assert row["spark_duration_ms_median"] == {"addBatch": 150.0, "latestOffset": 2.0}
+    assert row["runs"] is runs

@@ -262,3 +262,30 @@ def test_a_task_prefetches_what_it_may_take(tmp_path):
                                 taskMaxMessages=300), 1).prefetch == 100
     with pytest.raises(OptionError, match="taskMaxMessages"):
         _opts(tmp_path, taskMaxMessages=70_000)
+
+
+def test_a_files_identities_taken_column_wise_are_each_messages_own(tmp_path):
+    """Stable ids: the column-wise identities of a batch file are those ``task_identity`` gives each
+    message: by the id header where it is set and not empty, else by the message id, else by content."""
+    cols = S.SOURCE_COLUMNS["stomp"]
+    cases = [  # (message id, headers)
+        ("ID:1", [("spark-mq-message-id", "u-1"), ("a", "1")]),  # the id header wins
+        ("ID:2", [("a", "2")]),                                   # the message id
+        (None, [("a", "3")]),                                     # no id: the content
+        ("ID:4", [("spark-mq-message-id", "")]),                  # an empty id header: one by one
+        ("ID:5", None),                                           # no headers at all
+        (None, [("spark-mq-message-id", "u-6"), ("redelivered", "true")]),
+    ]
+    rows = []
+    for i, (mid, headers) in enumerate(cases):
+        row = [None] * len(cols)
+        row[S.BODY], row[S.DESTINATION], row[S.TIMESTAMP], row[S.REDELIVERED] = b"body-%d" % i, "/queue/q", 0, False
+        row[S.OFFSET], row[S.MESSAGE_ID], row[S.HEADERS] = i, mid, headers
+        rows.append(tuple(row))
+    path = B.batch_path(str(tmp_path), 0, 0)
+    assert B.write_first(path, S.source_arrow_schema("stomp"), [S.build_batch("stomp", rows)], len(rows))
+    expected = {B.task_identity(r[S.BODY], r[S.MESSAGE_ID], r[S.HEADERS], True) for r in rows}
+    assert {kind for kind, _ in expected} == {"h", "m", "c"}
+    assert B._file_identities(path, True) == expected
+    assert B._file_identities(path, False) == {B.task_identity(r[S.BODY], r[S.MESSAGE_ID], r[S.HEADERS], False)
+                                               for r in rows}
