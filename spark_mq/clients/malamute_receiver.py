@@ -176,9 +176,10 @@ class MalamuteReceiver(_Status):
         self._request(self._proto.ping(), "CONNECTION-PING", timeout)
 
     def poll(self, max_count: int, timeout: float, gap: float = 0.001, body: Optional[BodyBuffer] = None,
-             max_bytes: int = 1 << 62):
+             max_bytes: int = 1 << 62, stop: Optional[Callable[[], bool]] = None):
         """Up to ``max_count`` deliveries: waits up to ``timeout`` seconds for the first, then takes
-        what follows until ``gap`` seconds pass without one (or ``timeout`` in total); empty if none.
+        what follows until ``gap`` seconds pass without one (or ``timeout`` in total), or ``stop()``,
+        asked once something is taken, between reads, says to end; empty if none.
 
         A list of delivery objects; with ``body`` (a ``BodyBuffer``), ``Deliveries`` instead: the
         deliveries by columns, their first content frames copied into ``body`` as they come off the
@@ -206,7 +207,7 @@ class MalamuteReceiver(_Status):
                 if len(out) >= max_count or (body is not None and body.fill >= max_bytes):
                     return out
                 now = clock()
-                if now >= deadline or (out and waited and not got):
+                if now >= deadline or (out and ((waited and not got) or (stop is not None and stop()))):
                     return out
                 self._wait(min(deadline - now, gap) if out else deadline - now)
                 waited = True

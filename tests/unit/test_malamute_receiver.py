@@ -197,3 +197,37 @@ def test_deliveries_after_a_lost_server_go_through_the_protocol_by_columns_too(s
     want = S.build_batch("malamute", [consumer.row(d, i, 0) for i, d in enumerate(deliveries)])
     assert got.drop_columns(["timestamp"]).equals(want.drop_columns(["timestamp"]))
     assert [type(e) for e in events] == [ServerBack]
+
+
+@pytest.mark.parametrize("lane", ["rows", "columns"])
+def test_spark_planning_ends_the_group_being_gathered(sock, lane):
+    """A poll asks ``stop`` (the source passes ``Consumer.cut``: Spark is planning a batch) once it has
+    taken something, between reads, and ends the group when it says so: the deliveries after stay
+    for the next group. Without it the group takes all that comes within the gap."""
+    rx = MalamuteReceiver("tcp://127.0.0.1:1", "rx")
+    rx.poll(10, 0.0)  # the OPEN's answer
+    rx._wait = lambda seconds: True  # the scripted socket has no poller; the bytes are all there
+    deliveries = [codec.MailboxDeliver("s", "rx", "", "", [b"m%03d" % i]) for i in range(40)]
+    sock.inbound += wire(*deliveries)
+    serve, size, reads = sock.recv_into, len(wire(deliveries[0])), [0]
+
+    def one_per_read(view):  # one delivery, then EAGAIN twice: each of the receiver's reads takes one
+        reads[0] += 1
+        if reads[0] % 3 != 1:
+            raise BlockingIOError
+        return serve(view[:size])
+    sock.recv_into = one_per_read
+    asked: list = []
+    consumer = source_of(rx)
+    consumer.cut = lambda: asked.append(1) or len(asked) >= 3
+
+    def group():
+        if lane == "rows":
+            return [d.content[0] for d in consumer.poll(1000, 5.0)]
+        count, batch = consumer.poll_batch(1000, 5.0, 0)
+        return batch.column("body").to_pylist() if count else []
+    first = group()
+    assert len(first) == len(asked) == 3  # asked after each read, and ended at the third
+    consumer.cut = None
+    rest = group()
+    assert first + rest == [b"m%03d" % i for i in range(40)]
