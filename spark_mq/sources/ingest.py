@@ -302,9 +302,14 @@ class Ingest:
         wait = max(0.001, min(self.opts.fsyncInterval or 0.001, 1.0))
         if consumer.builds_batches:  # the consumer builds the group's batch itself (Malamute: no acks)
             started = time.monotonic()
-            count, batch = consumer.poll_batch(self._sizer.count, wait, self.log.head)
+            self._cuts_at_poll = self._cuts  # as below: a cut asked before this poll does not end its group
+            try:
+                count, batch = consumer.poll_batch(self._sizer.count, wait, self.log.head)
+            finally:
+                self._gathering = False
             cuts = self._cuts
             if not count:
+                self._group_ended(cuts)
                 self._nothing_came(consumer, started, wait)
                 return
             self.last_message = self._polled_at = time.monotonic()
