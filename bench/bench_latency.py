@@ -502,7 +502,8 @@ def main(argv: list) -> dict:
     floor = summary(samples.pop(FLOOR))
     figures["floor"] = {**floor, "runs": floor_runs}
     for key in runs:
-        figures["rows"][key] = {**pooled(samples[key], runs[key]), **vs_floor(summary(samples[key]), floor)}
+        row = figures["rows"][key] = pooled(samples[key], runs[key])
+        row.update(vs_floor(row, floor))
     figures["load_after"] = os.getloadavg()
     print(f"\npublish -> foreachBatch latency at {RATE} msg/s, default trigger, {seconds:g} s per case after "
           f"{warmup:g} s of warm-up (load average {figures['load_before'][0]:.2f} before, "
