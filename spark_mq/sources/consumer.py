@@ -42,6 +42,10 @@ class Consumer(ABC):
     ack_when_durable: bool = False
     #: ``stop_deliveries`` ends the deliveries and leaves what was delivered acknowledgeable (AMQP basic.cancel)
     stops_deliveries: bool = False
+    #: a message delivered before a broker restart and never acknowledged comes back marked redelivered
+    #: (RabbitMQ). ActiveMQ does not keep that flag across a restart (``persistJMSRedelivered`` is off by
+    #: default): there the executor-side ingest looks up first deliveries with a stable id too
+    marks_redelivered_after_restart: bool = True
     #: set by the ingest: true when the group being gathered should end now (Spark is planning a
     #: batch); a ``poll`` that gathers checks it between receives (``spark_mq.sources.base.gather``)
     cut: Optional[Callable[[], bool]] = None

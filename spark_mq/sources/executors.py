@@ -27,7 +27,9 @@ How it keeps the guarantees of docs/guarantees.md (exactly once into an idempote
 - Killed before the link (executor SIGKILL, broker gone): nothing was acknowledged, the broker
   redelivers everything to a later task. Killed between link and ack: the batch file holds the
   messages and the broker redelivers them too. So a task checks every delivery the broker marks
-  redelivered against the identities of the last ``RECENT_BATCHES`` batches' files of every lane
+  redelivered (and, where the broker drops that flag in a restart, ActiveMQ, every delivery with a
+  stable id: a restart between link and ack sends the file's messages again unmarked) against the
+  identities of the last ``RECENT_BATCHES`` batches' files of every lane
   (and of this batch's other lanes, re-listed when one is not found) and drops those already in a
   file. Identities are a stable id where the broker keeps one, else a BLAKE2 hash of body and
   stable headers: the same in every executor process (Python's ``hash`` is keyed per process).
@@ -238,6 +240,9 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
     rows = []
     first = (part.batch * MAX_LANES + part.lane) * OFFSET_STRIDE
     duplicates = 0
+    # a broker that forgets the redelivered flag in a restart (ActiveMQ) may send a linked file's messages
+    # again unmarked, if the restart came between the link and the ack
+    first_too = not consumer.marks_redelivered_after_restart
     for msg in msgs:
         try:
             row = consumer.row(msg, first + len(rows), now_us)
@@ -245,12 +250,15 @@ def _session(consumer, part: TaskPartition, path: str) -> None:
             raise TaskDeliveryError(f"{part.fmt} source (ingest=executors), batch {part.batch} lane {part.lane}: "
                                     f"a delivery cannot be taken: {poison.reason}; it stays in the broker, "
                                     f"unacknowledged") from poison
-        if row[S.REDELIVERED]:
-            if recent is None:
-                recent = RecentIdentities(part.root, part.batch, consumer.stable_ids)
-            if task_identity(row[S.BODY], row[S.MESSAGE_ID], row[S.HEADERS], consumer.stable_ids) in recent:
-                duplicates += 1
-                continue
+        if row[S.REDELIVERED] or first_too:
+            key = task_identity(row[S.BODY], row[S.MESSAGE_ID], row[S.HEADERS], consumer.stable_ids)
+            # a first delivery is looked up only by a stable id: by content, an equal message would look like it
+            if row[S.REDELIVERED] or key[0] != "c":
+                if recent is None:
+                    recent = RecentIdentities(part.root, part.batch, consumer.stable_ids)
+                if key in recent:
+                    duplicates += 1
+                    continue
         rows.append(row)
     late = _stamped_late(consumer, msgs, part.run_began_ms)
     schema = S.source_arrow_schema(part.fmt)
