@@ -136,6 +136,7 @@ class StompClient:
         self._closed: Optional[BaseException] = None  # why the stream ended
         self._callbacks: dict = {}  # subscription id -> on_message callback
         self._awaiting = 0  # calls waiting for a receipt (under _lock): read past the bound meanwhile
+        self._messages_came = False  # the last read held a MESSAGE frame (see _gather)
         # Write coalescing: plain sends go to _wbuf (under _write_lock); any other frame, a full
         # buffer, or the flusher thread after ``linger`` seconds writes the buffer out, in order.
         self._linger = linger
@@ -166,7 +167,7 @@ class StompClient:
     def connect(self) -> "StompClient":
         sock = open_socket(self.host, self.port, timeout=self.timeout, tls=self._tls)
         self._driver = StreamDriver(sock, on_data=self._on_data, on_closed=self._on_closed, name=f"stomp-reader-{self.port}",
-                                    may_read=self._may_read if self._inbox.bounded else None)
+                                    may_read=self._may_read if self._inbox.bounded else None, gather=self._gather)
         self._inbox.driver = self._driver
         with self._lock:
             data = self._session.connect(self._login, self._passcode, self._connect_headers)
@@ -488,6 +489,11 @@ class StompClient:
     def max_buffered_bytes(self, bound: Optional[int]) -> None:
         self._inbox.max_bytes = bound
 
+    def _gather(self) -> bool:
+        """Asked by the reader after a small read: pause a moment to let more messages arrive, when the
+        last read brought messages and no call waits for a receipt (``_call`` wakes a pausing reader)."""
+        return self._messages_came and not self._awaiting and self._closed is None
+
     def _may_read(self) -> bool:
         """Asked by the reader before each read: room for more messages, or a receipt awaited (it
         may be queued behind messages nobody takes yet), or the connection is ending."""
@@ -524,6 +530,7 @@ class StompClient:
                 raise
         if waiter is None:
             return None
+        self._driver.resume_reading()  # a reader pausing to gather messages reads the RECEIPT at once
         if not wait:
             return rid, waiter
         self._await(rid, waiter, timeout)
@@ -582,6 +589,7 @@ class StompClient:
                 self._on_error(frame)
             else:  # CONNECTED
                 self._connected.event.set()
+        self._messages_came = bool(messages)
         if messages:
             self._inbox.put(messages)
 

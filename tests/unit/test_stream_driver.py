@@ -118,3 +118,32 @@ def test_close_while_the_reader_waits_ends_it_at_once():
         assert gate.closed.is_set() and not driver._thread.is_alive()
     finally:
         peer.close()
+
+
+def test_the_reader_asks_gather_after_a_small_read_only():
+    """``gather`` (STOMP: the last read brought messages, no receipt awaited) is asked after a read
+    smaller than 4 KiB, to pause a moment so that more arrives per read; a large read goes straight on."""
+    ours, peer = socket.socketpair()
+    gate, reads, asked = Gate(), [], []
+
+    def on_data(data: bytes) -> None:
+        reads.append(len(data))
+        gate.on_data(data)
+
+    def gather() -> bool:
+        asked.append(reads[-1])  # the size of the read it was asked after
+        return True
+    driver = StreamDriver(ours, on_data=on_data, on_closed=gate.on_closed, gather=gather)
+    driver.start()
+    try:
+        peer.sendall(b"a")
+        assert _wait(lambda: gate.got == b"a" and len(asked) == 2)  # asked before and after clearing the wake
+        peer.sendall(b"b" * 200_000)
+        assert _wait(lambda: len(gate.got) == 200_001)
+        time.sleep(0.05)
+        assert any(n >= 4096 for n in reads), reads
+        assert asked and all(n < 4096 for n in asked), (asked, reads)
+        assert len(asked) == 2 * sum(1 for n in reads if n < 4096), (asked, reads)
+    finally:
+        driver.close()
+        peer.close()
