@@ -38,7 +38,8 @@ _READ_SIZE = 256 * 1024
 #: gives a read per message or two, and each read wakes the reader and the thread taking the messages:
 #: measured with 4 STOMP connections in one process draining RabbitMQ, 1.09 voluntary context switches
 #: and 30 us of CPU per message, against 0.24 and 12 us with one connection; with the pause, 0.21 and
-#: 13 us (``python -m bench lanes``, docs/performance.md). The pause costs a delivery at most 1 ms.
+#: 15 us (a probe without Spark: bench/HISTORY.md; ``bench lanes``: docs/performance.md, "Lanes"). The pause
+#: costs a delivery at most 1 ms.
 _GATHER_BELOW = 4096
 _GATHER_WAIT = 0.001
 _TLS_RETRY = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
