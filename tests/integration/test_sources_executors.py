@@ -158,6 +158,18 @@ def test_a_losing_speculative_attempt_gives_its_deliveries_back(request, case, u
         assert _remaining(fmt, broker, dests) == 0
 
 
+def _the_rest(fmt: str, url: str, dests: list, root, left: int) -> list:
+    """The bodies of batches 1-7 until ``left`` more were read, then of batch 9 after a moment: anything
+    still coming back then would be a duplicate."""
+    bodies: list = []
+    for batch in range(1, 8):
+        bodies += _bodies(_task(fmt, url, dests, root, batch))
+        if len(bodies) >= left:
+            break
+    time.sleep(0.5)
+    return bodies + _bodies(_task(fmt, url, dests, root, 9))
+
+
 class _DiesAfterLink:
     """A connector whose consumers die (their connection closed, no ack sent) where the task acks:
     a task SIGKILLed between linking its batch file and acknowledging."""
@@ -184,12 +196,7 @@ def test_a_task_dead_between_link_and_ack_duplicates_nothing(request, case, uniq
     dying = _DiesAfterLink(importlib.import_module(f"spark_mq.sources.formats.{fmt}").connect_consumer)
     every = _bodies(_task(fmt, url, dests, tmp_path, 0, connector=dying))
     assert len(every) == 100
-    for batch in range(1, 8):
-        every += _bodies(_task(fmt, url, dests, tmp_path, batch))
-        if len(every) >= 250:
-            break
-    time.sleep(0.5)
-    every += _bodies(_task(fmt, url, dests, tmp_path, 9))  # anything still coming back would be a duplicate
+    every += _the_rest(fmt, url, dests, tmp_path, 250 - len(every))
     assert Counter(every) == Counter(f"{dests[0]}:{i}".encode() for i in range(250)), len(every)
     if broker.kind == "rabbitmq":
         assert _remaining(fmt, broker, dests) == 0
@@ -231,12 +238,7 @@ def test_a_broker_restarted_between_a_tasks_link_and_ack_duplicates_nothing(requ
     every = _bodies(_task(fmt, url, dests, tmp_path, 0, connector=dying))
     assert len(every) == 100
     broker.restart()
-    for batch in range(1, 8):
-        every += _bodies(_task(fmt, url, dests, tmp_path, batch))
-        if len(every) >= 250:
-            break
-    time.sleep(0.5)
-    every += _bodies(_task(fmt, url, dests, tmp_path, 9))  # anything still coming back would be a duplicate
+    every += _the_rest(fmt, url, dests, tmp_path, 250 - len(every))
     assert Counter(every) == Counter(f"{dests[0]}:{i}".encode() for i in range(250)), \
         sorted((b, n) for b, n in Counter(every).items() if n > 1)[:5]
 
