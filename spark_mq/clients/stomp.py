@@ -530,7 +530,9 @@ class StompClient:
                 raise
         if waiter is None:
             return None
-        self._driver.resume_reading()  # a reader pausing to gather messages reads the RECEIPT at once
+        # a reader pausing (to gather messages, or with the inbox full: _may_read is true from now on)
+        # reads the RECEIPT at once: it may be queued behind messages nobody takes yet
+        self._driver.resume_reading()
         if not wait:
             return rid, waiter
         self._await(rid, waiter, timeout)
@@ -538,9 +540,6 @@ class StompClient:
 
     def _await(self, rid: str, waiter: _Waiter, timeout: Optional[float]) -> None:
         try:
-            # the RECEIPT (or ERROR) may be queued behind messages past the bound: read on
-            if self._driver.reading_paused:
-                self._driver.resume_reading()
             timeout = self.timeout if timeout is None else timeout
             if not waiter.event.wait(timeout):
                 self._waiters.pop(rid, None)

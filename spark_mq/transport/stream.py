@@ -264,7 +264,7 @@ class StreamDriver:
                     self.last_recv = time.monotonic()
                     self._on_data(data)
                     if gather is not None and len(data) < _GATHER_BELOW and gather():
-                        wake.clear()  # set by resume_reading / hurry: a caller that needs the next bytes now
+                        wake.clear()  # set by resume_reading: a caller that needs the next bytes now
                         if gather():
                             wake.wait(_GATHER_WAIT)
                 if on_tick is not None:
