@@ -501,7 +501,7 @@ def test_the_ingest_gathers_about_64_mib_of_groups_while_an_fsync_is_slow(tmp_pa
     ing._consumer.bodies = [b"last"]
     step = threading.Thread(target=ing._step)       # one group more than may wait: this step waits
     step.start()
-    step.join(0.3)
+    step.join(0.6)                                  # it waits from soon after its start: >= 0.25 s by the release
     assert step.is_alive() and ing.log.head == waiting + 2
     release.set()
     step.join(10)

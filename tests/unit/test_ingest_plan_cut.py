@@ -81,10 +81,19 @@ def _ingest(tmp_path, **extra):
 
 def test_planning_ends_the_group_being_gathered_and_waits_until_it_is_durable(tmp_path):
     ing = _ingest(tmp_path)                    # a group would gather for 5 s
+    drip, dripped = ing._consumer.receive, [0]
+
+    def counted(count, timeout):
+        got = drip(count, timeout)
+        dripped[0] += len(got)
+        return got
+    ing._consumer.receive = counted
     step = threading.Thread(target=ing._step)
     step.start()
-    time.sleep(0.1)
-    assert ing.log.head == 0 and ing._gathering
+    deadline = time.monotonic() + 4.0           # at least 10 gathered: no fixed sleep on a busy machine
+    while not (ing._gathering and dripped[0] >= 10) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ing.log.head == 0 and ing._gathering and dripped[0] >= 10
     t0 = time.monotonic()
     ing.end_group_for_plan(2.0)
     assert time.monotonic() - t0 < 1.0
@@ -98,7 +107,7 @@ def test_planning_does_not_wait_when_nothing_is_held(tmp_path):
     ing = _ingest(tmp_path)
     t0 = time.monotonic()
     ing.end_group_for_plan(2.0)                 # no poll under way, nothing appended
-    assert time.monotonic() - t0 < 0.2
+    assert time.monotonic() - t0 < 1.0          # a wait would take the 2 s
     ing.stop()
 
 
