@@ -566,7 +566,9 @@ def test_receiver_keepalive_holds_the_connection_while_nothing_is_taken():
             rx.ping(timeout=5)
             assert rx.recoveries == 0
             assert not any(type(e).__name__ in ("ServerLost", "Recovering") for e in events), events
-            time.sleep(2.5)  # neither poll nor keepalive: silent past the broker's client timeout
+            # neither poll nor keepalive: silent past the broker's client timeout (1 s), which it checks
+            # on a 1 s tick: expired at most ~2.3 s after our last PING, with room for a slow broker
+            time.sleep(4.0)
             _mail(broker.endpoint, "held", 3, prefix="late")
             got = _poll_all(rx, 3, timeout=10)
             assert rx.recoveries >= 1  # the broker answered our next PING with ERROR: re-opened
@@ -606,13 +608,13 @@ def test_receiver_close_from_another_thread_waits_for_a_running_poll(malamute_br
 
     rx = MalamuteReceiver(malamute_broker.endpoint, "idle", timeout=5)
     result: list = []
-    poller = threading.Thread(target=lambda: result.append(rx.poll(10, 1.0)))
+    poller = threading.Thread(target=lambda: result.append(rx.poll(10, 3.0)))
     poller.start()
-    time.sleep(0.2)
+    time.sleep(0.5)
     t0 = time.monotonic()
     rx.close(timeout=0.5)
     waited = time.monotonic() - t0
-    poller.join(5)
-    assert result == [[]] and 0.5 <= waited < 3.0  # the poll had ~0.8 s to go
+    poller.join(10)
+    assert result == [[]] and 1.0 <= waited < 6.0  # the poll had ~2.5 s to go (room for a late wake)
     with pytest.raises(ConnectionClosedError):
         rx.poll(1, 0.1)

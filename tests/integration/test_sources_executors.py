@@ -381,7 +381,7 @@ def test_available_now_ends_on_a_queue_a_producer_keeps_feeding(spark, request, 
     try:
         r = spark.readStream.format(fmt).option("logLocation", str(tmp_path / "log"))
         for k, v in {**_options(fmt, url, [dest]), "ingest": "executors", "taskIngestTime": "1s",
-                     "taskMaxMessages": 500, "availableNowTimeout": "90s"}.items():
+                     "taskMaxMessages": 500, "availableNowTimeout": "200s"}.items():
             r = r.option(k, str(v))
         began = time.monotonic()
         q = r.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")) \
@@ -400,6 +400,6 @@ def test_available_now_ends_on_a_queue_a_producer_keeps_feeding(spark, request, 
     missing = [i for i in range(preload) if f"{dest}:{i}".encode() not in bodies]
     assert missing == [], f"{len(missing)} of the {preload} messages there at the start were not read"
     print(f"{case}: the availableNow run took {took:.1f}s and read {sum(bodies.values())} messages")
-    # the run's end: well before availableNowTimeout (90 s); before the end rules of the depth and the
-    # stamps it ran on to it (93 s, 99 s here)
-    assert took < 60, f"the run took {took:.0f}s: it went on to availableNowTimeout while the producer sent"
+    # the run's end: well before availableNowTimeout (200 s, far from a run's time on a busy machine);
+    # before the end rules of the depth and the stamps it ran on to it (to a 90 s timeout: 93 s, 99 s)
+    assert took < 150, f"the run took {took:.0f}s: it went on to availableNowTimeout while the producer sent"

@@ -172,14 +172,16 @@ def _router_recv_driving(dealer: ZmtpDealer, router: zmq.Socket) -> list:
 
 
 def test_libzmq_heartbeats_keep_the_connection(ctx):
-    """A ROUTER with ZMTP heartbeats (100 ms interval, 300 ms timeout): the DEALER, read now and
-    then, keeps its one connection for two seconds and still receives."""
+    """A ROUTER with ZMTP heartbeats (100 ms interval, 1.5 s timeout): the DEALER, read now and
+    then, keeps its one connection for four seconds (many PINGs, and more than twice the timeout: a
+    dealer that never answered would be dropped) and still receives. The timeout leaves room for a
+    test thread descheduled a few hundred ms on a busy machine; the dealer answers PINGs in ``read``."""
     endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
-    router = _router(ctx, endpoint, heartbeat_ivl=100, heartbeat_timeout=300, heartbeat_ttl=300)
+    router = _router(ctx, endpoint, heartbeat_ivl=100, heartbeat_timeout=1500, heartbeat_ttl=1500)
     dealer = ZmtpDealer(endpoint)
     try:
         ident = _connected(dealer, router)
-        end = time.monotonic() + 2.0
+        end = time.monotonic() + 4.0
         while time.monotonic() < end:
             assert dealer.read(10) == []
             dealer.wait(0.05)
