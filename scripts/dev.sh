@@ -146,12 +146,30 @@ setup_matrix_wait() {
 run_pytest() {
   # Whole tests/ tree unless paths are given; extra arguments go to pytest. Exit code 5 (nothing collected)
   # is a failure too: a suite that silently lost its tests must not pass CI.
-  local has_path=0 a
+  # --quick: the unit tests and the integration tests marked `quick` (one end-to-end case per format and
+  # direction), for the loop while working; ./dev test without it is the whole suite (CI, the README).
+  # The tests run on SPARK_MQ_TEST_WORKERS pytest-xdist workers (default 3: the fastest on a 2-core machine,
+  # tests/DURATIONS.md); each worker starts its own brokers and SparkSession as its tests ask for them.
+  # Each run writes every test's seconds to .test-durations.json (./dev durations makes tests/DURATIONS.md).
+  local has_path=0 has_n=0 quick=0 a
+  local args=()
   for a in "$@"; do
-    case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && has_path=1 ;; esac
+    case "$a" in
+      --quick) quick=1; continue ;;
+      -n|-n*|--numprocesses*|-pno:xdist|no:xdist) has_n=1 ;;
+      -*) ;;
+      *) [ -e "${a%%::*}" ] && has_path=1 ;;
+    esac
+    args+=("$a")
   done
-  local args=("$@")
+  if [ $quick = 1 ]; then
+    args=(-m "not integration or quick" "${args[@]}")
+  fi
   [ $has_path = 1 ] || args=(tests "${args[@]}")
+  local workers="${SPARK_MQ_TEST_WORKERS:-3}"
+  if [ $has_n = 0 ] && [ "$workers" != 0 ]; then
+    args=(-n "$workers" --dist loadgroup "${args[@]}")
+  fi
   log "running: pytest ${args[*]}"
   local rc=0
   "$VENV/bin/python" -m pytest --durations=15 "${args[@]}" </dev/null || rc=$?
@@ -199,6 +217,10 @@ case "$verb" in
     rc=0; "$VENV/bin/python" scripts/soak.py "$@" </dev/null || rc=$?
     listeners_check "the soak"
     exit $rc ;;
+  durations)
+    # tests/DURATIONS.md and tests/durations.json from the last run's .test-durations.json (a full ./dev test)
+    setup_python
+    exec "$VENV/bin/python" scripts/test_durations.py "$@" </dev/null ;;
   dist)
     # dist/: the wheel (pip install) and spark_mq-<version>-py-files.zip (spark-submit --py-files)
     setup_python

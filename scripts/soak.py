@@ -32,6 +32,10 @@ sent, or a case that could not run, fails too.
 
     python scripts/soak.py                                   # the full soak: 200,000 x 20 kills x 3
     python scripts/soak.py --messages 20000 --kills 4 --broker-restarts 1 --cases amqp08-rabbitmq-durable
+    python scripts/soak.py --consumers 4 --cases amqp08,stomp              # the same with 4 lanes per query
+
+The suite (``./dev test``) kills each case's query twice, once inside a batch and once between two
+(tests/integration/killing.py); the repetitions and their statistics are this run's.
 
 Every wait is bounded; brokers and queries are stopped on exit (brokers also by their watchdogs).
 """
@@ -363,6 +367,8 @@ def source_options(case: Case, broker, dest: str, workdir: Path, args) -> dict:
         opts.update(uri=broker.url(), mailbox=dest)
     if case.ack != "none":
         opts["ackMode"] = case.ack
+    if args.consumers > 1 and case.fmt != "malamute":
+        opts["consumers"] = str(args.consumers)  # lanes (docs/sources.md); the suite kills them twice per case
     return opts
 
 
@@ -586,10 +592,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a kill lands up to this many seconds after the sink reached the round's point (default 5)")
     p.add_argument("--idle", type=float, default=90.0,
                    help="the final run ends after this many seconds without a new message (default 90)")
+    p.add_argument("--consumers", type=int, default=1,
+                   help="the amqp08 and stomp cases read with this many lanes (the source's consumers option; "
+                        "default 1)")
     p.add_argument("--workdir", default=None, help="keep the cases' logs, checkpoints and sinks here")
     args = p.parse_args(argv)
-    if args.messages < 1 or args.kills < 0 or args.broker_restarts < 0 or args.rate <= 0 or args.batch < 1:
-        p.error("--messages, --rate and --batch must be positive; --kills and --broker-restarts not negative")
+    if args.messages < 1 or args.kills < 0 or args.broker_restarts < 0 or args.rate <= 0 or args.batch < 1 \
+            or args.consumers < 1:
+        p.error("--messages, --rate, --batch and --consumers must be positive; --kills and --broker-restarts "
+                "not negative")
     wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
     if wanted == ["all"]:
         args.selected = all_cases()

@@ -1,27 +1,108 @@
-"""Suite-wide test set-up: markers by directory and a per-test time limit as a safety net.
+"""Suite-wide test set-up: markers by directory, a per-test time limit as a safety net, the durations
+record, and the order and grouping that let pytest-xdist run the suite side by side.
 
-Responsible for: marking everything under tests/integration/ with `integration`, and giving every test
-without its own `@pytest.mark.timeout(...)` a generous default limit (pytest-timeout, SIGALRM method, so
-fixture finalizers still run and brokers are stopped) so that no test can hang CI.
+Responsible for:
+- marking everything under tests/integration/ with `integration`, and giving every test without its own
+  `@pytest.mark.timeout(...)` a generous default limit (pytest-timeout, SIGALRM method, so fixture
+  finalizers still run and brokers are stopped) so that no test can hang CI;
+- writing each test's setup / call / teardown seconds, the fixtures that took time in its setup, the
+  brokers it started and the seconds its own thread slept, to the durations file (`SPARK_MQ_DURATIONS`,
+  default `.test-durations.json`; `scripts/test_durations.py` turns a full run's file into
+  tests/DURATIONS.md and tests/durations.json);
+- under xdist: putting the tests of a module with expensive module-scoped state in one group
+  (`--dist loadgroup`, see GROUPED_MODULES), and ordering the collection slowest first by the committed
+  tests/durations.json, so the long tests start early and the workers end together.
 Not responsible for brokers: see tests/integration/conftest.py and tests/integration/brokers.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+TESTS_DIR = Path(__file__).resolve().parent
+INTEGRATION_DIR = TESTS_DIR / "integration"
+REPO = TESTS_DIR.parent
+COMMITTED_DURATIONS = TESTS_DIR / "durations.json"
+DURATIONS_ENV = "SPARK_MQ_DURATIONS"
 # Spark binds its driver to the first non-loopback interface unless told otherwise: keep test traffic
 # on loopback, also when pytest is run directly rather than through ./dev test.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Every Spark driver the tests start reads tests/spark-conf/spark-defaults.conf (see there).
+os.environ.setdefault("SPARK_CONF_DIR", str(TESTS_DIR / "spark-conf"))
+# The JVMs of the tests (Spark drivers and their launcher, a standalone cluster's daemons and executors,
+# ActiveMQ) live seconds to minutes, mostly starting up: the C1 compiler alone and the serial collector
+# take about 40% less CPU to start a Spark session and run a small job than the defaults (22 and 13 CPU
+# seconds on this machine), and the suite is bound by its 2 cores. Benchmarks and users' JVMs keep the
+# defaults. SPARK_MQ_TEST_JAVA_OPTIONS replaces these options ("" for none); the JVM says "Picked up
+# JDK_JAVA_OPTIONS" on its stderr.
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_java_options = os.environ.get("SPARK_MQ_TEST_JAVA_OPTIONS", JAVA_OPTIONS)
+if _java_options and "JDK_JAVA_OPTIONS" not in os.environ:
+    os.environ["JDK_JAVA_OPTIONS"] = _java_options
 # Seconds; a safety net against hangs, not a performance budget. Override per test with
 # @pytest.mark.timeout(N), or for a run with SPARK_MQ_TEST_TIMEOUT=N (0 disables) or --timeout=N.
 DEFAULT_TEST_TIMEOUT = 600
+# Modules whose tests share module-scoped state that is expensive to build (a wheel and venvs, a
+# standalone cluster's set-up, a Jupyter kernel, a broker of the module): under xdist each runs on one
+# worker, in its own order. Every other test is scheduled on its own.
+GROUPED_MODULES = {"test_packaging", "test_notebooks", "test_sinks_malamute", "test_sinks_roundtrip",
+                   "test_spark_versions", "test_cluster"}
+# A fixture setup shorter than this is not worth a line in the record.
+FIXTURE_RECORD_MIN = 0.05
 
 
+# -- markers, time limits, groups and order ---------------------------------------------------------
+
+def _group_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return marker.args[0] if marker.args else marker.kwargs.get("name")
+    module = Path(item.path).stem
+    return module if module in GROUPED_MODULES else None
+
+
+def _load_committed() -> dict[str, float]:
+    try:
+        data = json.loads(COMMITTED_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {t["nodeid"]: t["setup"] + t["call"] + t["teardown"] for t in data.get("tests", [])}
+
+
+def _slowest_first(items: list[pytest.Item]) -> None:
+    """Order the collection slowest first, a group (or a module's tests, unit tests alike) kept together
+    in its own order: a unit of work's weight is the sum of its tests' last recorded seconds (a test not
+    in the record weighs the median of its module, or 1 s)."""
+    known = _load_committed()
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = _group_of(item)
+        key = f"group:{group}" if group else (f"test:{item.nodeid}" if INTEGRATION_DIR in Path(item.path).parents
+                                              else f"module:{item.path}")
+        units.setdefault(key, []).append(item)
+
+    def weight(unit: list[pytest.Item]) -> float:
+        return sum(known.get(i.nodeid, 1.0) for i in unit)
+
+    first_seen = {key: n for n, key in enumerate(units)}
+    ordered = sorted(units, key=lambda k: (-weight(units[k]), first_seen[k]))
+    items[:] = [item for key in ordered for item in units[key]]
+
+
+def _xdist_workers(config: pytest.Config) -> int:
+    try:
+        return int(config.getoption("numprocesses") or 0)
+    except (ValueError, TypeError):
+        return 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     has_timeout_plugin = config.pluginmanager.hasplugin("timeout")
     default_timeout = int(os.environ.get("SPARK_MQ_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT))
@@ -32,3 +113,102 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if has_timeout_plugin and not explicit_cli_timeout and default_timeout > 0 \
                 and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(default_timeout))
+        group = _group_of(item)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if config.pluginmanager.hasplugin("xdist") and (_xdist_workers(config) or hasattr(config, "workerinput")):
+        _slowest_first(items)
+
+
+# -- the durations record ---------------------------------------------------------------------------
+
+_slept = threading.local()
+_STORE: dict = {}  # "record": the controller's durations record (absent in an xdist worker)
+_real_sleep = time.sleep
+
+
+def _counting_sleep(seconds: float) -> None:
+    # time.sleep as the tests see it: the main thread's sleeps are added up per test (a sleep in another
+    # thread, in Spark's Python workers or in a subprocess is not counted)
+    if threading.current_thread() is threading.main_thread():
+        _slept.total = getattr(_slept, "total", 0.0) + max(0.0, float(seconds))
+    _real_sleep(seconds)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    time.sleep = _counting_sleep
+    config._spark_mq_durations = {"tests": {}, "started": time.time(), "t0": time.monotonic()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    t0 = time.monotonic()
+    yield
+    took = time.monotonic() - t0
+    item = getattr(request, "_pyfuncitem", None)
+    if item is not None and took >= FIXTURE_RECORD_MIN:
+        item.user_properties.append(("fixture", [fixturedef.argname, fixturedef.scope, round(took, 3)]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    # before the report is made from the item: what this phase slept and which brokers it started
+    slept = getattr(_slept, "total", 0.0)
+    _slept.total = 0.0
+    if slept:
+        item.user_properties.append(("slept", [call.when, round(slept, 3)]))
+    starts = getattr(item.config, "_spark_mq_broker_starts", None)
+    if starts:
+        while starts:
+            kind, seconds = starts.pop(0)
+            item.user_properties.append(("broker-start", [kind, call.when, round(seconds, 3)]))
+    yield
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    store = _STORE.get("record")
+    if store is None:
+        return
+    entry = store["tests"].setdefault(report.nodeid, {"nodeid": report.nodeid, "setup": 0.0, "call": 0.0,
+                                                      "teardown": 0.0, "outcome": "passed"})
+    entry[report.when] = round(report.duration, 3)
+    if report.failed:
+        entry["outcome"] = "failed" if report.when == "call" else "error"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None) or getattr(report, "worker_id", None)
+    if worker:
+        entry["worker"] = worker
+    if report.when == "teardown":
+        extras: dict[str, list] = {}
+        for key, value in report.user_properties:
+            if key in ("fixture", "slept", "broker-start"):
+                extras.setdefault(key, []).append(value)
+        for key, values in extras.items():
+            entry[key] = values
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # the controller (or a run without xdist) keeps the record; workers only send their reports
+    if not hasattr(session.config, "workerinput"):
+        _STORE["record"] = session.config._spark_mq_durations
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    store = session.config._spark_mq_durations
+    target = Path(os.environ.get(DURATIONS_ENV) or REPO / ".test-durations.json")
+    record = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store["started"])),
+        "wall_seconds": round(time.monotonic() - store["t0"], 1),
+        "exitstatus": int(exitstatus),
+        "workers": _xdist_workers(session.config),
+        "args": list(session.config.invocation_params.args),
+        "tests": sorted(store["tests"].values(), key=lambda t: t["nodeid"]),
+    }
+    try:
+        target.write_text(json.dumps(record, indent=0) + "\n")
+    except OSError as exc:  # the record must never fail the run
+        print(f"could not write the durations record {target}: {exc}")

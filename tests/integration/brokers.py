@@ -224,6 +224,15 @@ _live: set["Broker"] = set()
 _live_lock = threading.Lock()
 
 
+# (kind, seconds) of every broker start and restart in this process, in order: the suite's durations
+# record (tests/conftest.py) takes them into the phase of the test that caused them.
+START_LOG: list[tuple[str, float]] = []
+
+
+def _log_start(kind: str, seconds: float) -> None:
+    START_LOG.append((kind, seconds))
+
+
 @atexit.register
 def stop_all() -> None:
     """Stop every broker this process started (pytest finalizers normally did it already)."""
@@ -305,6 +314,7 @@ class Broker:
             self._shutdown(remove=False)  # keep the logs the error points to
             raise
         self.start_seconds.append(time.monotonic() - t0)
+        _log_start(self.kind, self.start_seconds[-1])
         return self
 
     def kill(self) -> None:
@@ -322,6 +332,7 @@ class Broker:
         t0 = time.monotonic()
         self._launch()
         self.start_seconds.append(time.monotonic() - t0)
+        _log_start(self.kind + "-restart", self.start_seconds[-1])
 
     def stop(self) -> None:
         if self._shared:
@@ -863,8 +874,10 @@ def malamute_running(**kwargs):
     from broker_process import BrokerProcess
 
     broker = BrokerProcess(**kwargs)
+    t0 = time.monotonic()
     try:
         broker.start()
+        _log_start("malamute", time.monotonic() - t0)
     except RuntimeError as exc:
         raise BrokerUnavailable(f"cannot start the embedded Malamute broker (python -m spark_mq.malamute_broker): "
                                 f"{exc}") from exc

@@ -7,6 +7,8 @@ Fixtures:
   rabbitmq_isolated   function: factory; rabbitmq_isolated() -> a fresh private RabbitMQ, stopped after the test
   activemq_isolated   function: factory; activemq_isolated(users=None) -> a fresh private ActiveMQ, likewise
   unique_name         function: callable; unique_name(prefix="q") -> a queue/destination name unused so far
+  spark               session: the process's SparkSession, every format registered (sinktest.local_spark)
+  malamute_broker     function: the embedded Malamute broker in a process of its own
 
 When a session needs both shared brokers, the first request starts both in background threads, so their
 start-ups overlap. The shared brokers are stopped at session end (finalizer, pytest_sessionfinish, atexit,
@@ -96,6 +98,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         for name in getattr(item, "fixturenames", ()):
             _POOL.needed |= _FIXTURE_NEEDS.get(name, set())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._spark_mq_broker_starts = brokers.START_LOG  # read by the durations record (tests/conftest.py)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -192,26 +198,15 @@ def unique_name(request: pytest.FixtureRequest):
 
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark():
-    """A local[2] SparkSession for the module, with the three formats registered explicitly."""
-    import os
+    """The process's one local[2] SparkSession (one per xdist worker), with the three formats and the sink
+    tests' own formats registered (sinktest.register_all). A SparkContext takes seconds to start and a
+    process can hold one at a time: every in-process test shares it; tests that kill a driver run their
+    own in a subprocess."""
+    from sinktest import local_spark
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from spark_mq.datasources import Amqp08DataSource
-    from spark_mq.datasources import MalamuteDataSource
-    from spark_mq.datasources import StompDataSource
-
-    session = (SparkSession.builder.master("local[2]").appName("spark-mq-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               # a loaded 2-core CI machine can take longer than the 15 s default to start a Python worker
-               .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    for ds in (Amqp08DataSource, StompDataSource, MalamuteDataSource):
-        session.dataSource.register(ds)
+    session = local_spark("spark-mq-tests")
     yield session
     session.stop()
 

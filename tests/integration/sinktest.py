@@ -162,6 +162,8 @@ def local_spark(app: str, cores: int = 2):
              .config("spark.sql.shuffle.partitions", str(cores))
              .config("spark.sql.files.openCostInBytes", str(1 << 30))
              .config("spark.sql.streaming.stopTimeout", "30s")
+             # a loaded 2-core machine can take longer than the 15 s default to start a Python worker
+             .config("spark.python.authenticate.socketTimeout", "120s")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register_all(spark)

@@ -11,7 +11,6 @@ body, the application headers, the properties each protocol can carry, and the m
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -22,14 +21,13 @@ from urllib.parse import urlsplit
 import pika
 import pytest
 
-from killing import kill_group
+from killing import KILLS, kill_group, kill_inside_and_between
 import stomp as stomppy
 
-import spark_mq
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.clients.stomp import StompClient
-from sinktest import local_spark, run_available_now
+from sinktest import run_available_now
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +45,6 @@ def body_of(i: int) -> bytes:
 def index_of(body: bytes) -> int:
     assert body[:1] == b"\x00" and body[-2:] == b"\x00\xff", body
     return int(body[1:-2])
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_spark("test_bridges")
-    spark_mq.register(session)
-    yield session
-    session.stop()
 
 
 # -- the three ends ------------------------------------------------------------------------------
@@ -291,10 +281,10 @@ def _start(cmd: list, log_file) -> subprocess.Popen:
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("source,sink", [("amqp08", "stomp"), ("stomp", "amqp08"), ("malamute", "amqp08")])
-def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_per_message(
+def test_a_bridge_killed_inside_and_between_batches_loses_nothing_and_keeps_one_id_per_message(
         request, unique_name, tmp_path, source, sink):
-    """``spark-mq bridge`` SIGKILLed (its whole process group: driver, JVM, workers) three times inside a
-    batch and run again on its state each time, then once more with --available-now: every message
+    """``spark-mq bridge`` SIGKILLed (its whole process group: driver, JVM, workers) inside a batch and
+    between two batches and run again on its state each time, then once more with --available-now: every message
     reaches the sink, each under one id of its own, so a consumer that drops repeated ids (a replayed
     batch is published again) sees each message exactly once."""
     src = end(source, request, unique_name(f"bk-in-{source}"))
@@ -302,28 +292,10 @@ def test_a_bridge_killed_three_times_mid_batch_loses_nothing_and_keeps_one_id_pe
     src.produce(KILL_N)
     state = tmp_path / "state"
     ckpt = state / "checkpoint"
-    rng = random.Random(46)
-    kills = attempts = 0
     with open(tmp_path / "bridge.log", "w") as out:
-        while kills < 3 and attempts < 8:
-            attempts += 1
-            before = _batches(ckpt, "commits")
-            proc = _start(_bridge_cmd(src, dst, state), out)
-            try:
-                deadline = time.monotonic() + 180
-                while _batches(ckpt, "commits") <= before and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        pytest.fail(f"the bridge exited ({proc.returncode}); see {tmp_path}/bridge.log")
-                    time.sleep(0.1)
-                assert _batches(ckpt, "commits") > before, "no batch committed within 180s"
-                deadline = time.monotonic() + 60
-                while _batches(ckpt, "offsets") <= _batches(ckpt, "commits") and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                time.sleep(rng.uniform(0.0, 0.2))
-            finally:
-                kill_group(proc)
-            kills += _batches(ckpt, "offsets") > _batches(ckpt, "commits")
-        assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
+        landed = kill_inside_and_between(lambda: _start(_bridge_cmd(src, dst, state), out), ckpt,
+                                         f"{tmp_path}/bridge.log", seed=46)
+        assert landed == list(KILLS)
         proc = _start(_bridge_cmd(src, dst, state, "--available-now"), out)
         try:
             assert proc.wait(400) == 0, f"the final run failed; see {tmp_path}/bridge.log"

@@ -17,26 +17,17 @@ from collections import Counter
 import pika
 import pytest
 
-import spark_mq
 from pyspark.sql import functions as F
 
 from spark_mq.clients.amqp08 import Connection
 from spark_mq.sinks import commitlog
 from spark_mq.sinks.plan import COMMIT_LOG_DIR
-from sinktest import local_spark, run_available_now
+from sinktest import run_available_now
 
 QUERY_TIMEOUT = 240.0
 READ_IDLE = 10.0  # seconds without a delivery that end a read-back
 SETTLE = 1.5  # quiet seconds after the expected count that end it
 PAD = "x" * 64
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_spark("test_sinks_amqp08")
-    spark_mq.register(session, ["amqp08"])  # the real DataSource (spark_mq.datasources) calls the sink
-    yield session
-    session.stop()
 
 
 def declare(rabbitmq, queue: str) -> None:
@@ -163,6 +154,7 @@ def test_failure_mid_partition_rolls_back_and_replay_is_deduplicable(spark, rabb
     assert commitlog.read(f"{checkpoint}/{COMMIT_LOG_DIR}")["0"]["messages"] == n
 
 
+@pytest.mark.quick  # ./dev test --quick
 @pytest.mark.timeout(300)
 def test_batch_write_and_row_stream_writer(spark, rabbitmq, unique_name, tmp_path):
     n = 5_000

@@ -20,18 +20,11 @@ from pyspark.sql import functions as F
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.sinks import commitlog
 from spark_mq.sinks.plan import COMMIT_LOG_DIR
-from sinktest import local_spark, run_available_now
+from sinktest import run_available_now
 
 QUERY_TIMEOUT = 240.0
 READ_IDLE = 10.0
 SETTLE = 1.5
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_spark("test_sinks_malamute")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,21 +17,12 @@ import brokers
 import pytest
 from pyspark.sql import functions as F
 
-import spark_mq
 from spark_mq.clients.malamute import MalamuteClient
 from spark_mq.sinks.options import MESSAGE_ID_HEADER
-from sinktest import local_spark, run_available_now
+from sinktest import run_available_now
 
 N = 3_000
 QUERY_TIMEOUT = 240.0
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_spark("test_sinks_roundtrip")
-    spark_mq.register(session)
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +31,7 @@ def malamute_broker():
         yield proc
 
 
+@pytest.mark.quick  # ./dev test --quick
 @pytest.mark.timeout(600)
 def test_amqp08_to_stomp_to_malamute(spark, rabbitmq, malamute_broker, unique_name, tmp_path):
     queue = unique_name("rt-in")

@@ -21,19 +21,12 @@ from pyspark.sql import functions as F
 from spark_mq.sinks import commitlog
 from spark_mq.sinks.options import MESSAGE_ID_HEADER
 from spark_mq.sinks.plan import COMMIT_LOG_DIR
-from sinktest import local_spark, run_available_now
+from sinktest import run_available_now
 
 QUERY_TIMEOUT = 240.0
 READ_IDLE = 10.0
 SETTLE = 1.5
 PAD = "y" * 64
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_spark("test_sinks_stomp")
-    yield session
-    session.stop()
 
 
 class Collector(stomppy.ConnectionListener):

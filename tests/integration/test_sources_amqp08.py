@@ -51,6 +51,7 @@ def run_available_now(df, name, ckpt):
                       QUERY_TIMEOUT)
 
 
+@pytest.mark.quick  # ./dev test --quick
 def test_available_now_exactly_once_with_properties(spark, rabbitmq, unique_name, tmp_path):
     url = rabbitmq.url("amqp")
     queue = unique_name("src")

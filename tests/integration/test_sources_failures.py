@@ -1,5 +1,5 @@
-"""Failure tests of the amqp08 source: the query process SIGKILLed mid-batch five times during a
-14,000-message run (restarted from its checkpoint each time), and the broker SIGKILLed and restarted
+"""Failure tests of the amqp08 source: the query process SIGKILLed inside a batch and between two
+batches during a 14,000-message run (restarted from its checkpoint each time; more kills: ./dev soak), and the broker SIGKILLed and restarted
 mid-stream. The sink must hold every message exactly once.
 
 The killed query runs in a child process (its own process group: Python driver, JVM, Python workers),
@@ -9,7 +9,6 @@ so a kill is a real crash, not a stop. Every wait is bounded.
 from __future__ import annotations
 
 import json
-import random
 import textwrap
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
-from killing import committed_batches, kill_group, last_batch, mid_batch, start_child
+from killing import KILLS, committed_batches, kill_group, kill_inside_and_between, last_batch, start_child
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +56,7 @@ def publish(url: str, queue: str, count: int) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_query_killed_five_times_mid_batch_loses_and_duplicates_nothing(rabbitmq, unique_name, tmp_path):
+def test_query_killed_inside_and_between_batches_loses_and_duplicates_nothing(rabbitmq, unique_name, tmp_path):
     url = rabbitmq.url("amqp")
     queue = unique_name("src")
     total = 14_000
@@ -65,31 +64,12 @@ def test_query_killed_five_times_mid_batch_loses_and_duplicates_nothing(rabbitmq
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
-    rng = random.Random(5)
-    kills = attempts = 0
     with open(tmp_path / "children.log", "w") as child_log:
-        # a kill counts once it landed inside a batch (planned in the checkpoint's offsets log, not in
-        # its commits log); one that found the query between two batches is made again, 10 at most
-        while kills < 5 and attempts < 10:
-            attempts += 1
-            before = committed_batches(Path(ckpt))
-            proc = start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log)
-            try:
-                deadline = time.monotonic() + 180
-                while committed_batches(Path(ckpt)) <= before and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        pytest.fail(f"child query exited early ({proc.returncode}); see {tmp_path}/children.log")
-                    time.sleep(0.1)
-                assert committed_batches(Path(ckpt)) > before, "no batch committed within 180s"
-                deadline = time.monotonic() + 60
-                while not mid_batch(Path(ckpt)) and time.monotonic() < deadline:
-                    time.sleep(0.01)  # batches run back to back: the next one is planned at once
-                time.sleep(rng.uniform(0.0, 0.2))
-            finally:
-                kill_group(proc)
-            kills += mid_batch(Path(ckpt))
-        assert kills == 5, f"{kills} of {attempts} kills landed inside a batch"
-        assert committed_batches(Path(ckpt)) < total // 700, "the run finished before the fifth kill"
+        landed = kill_inside_and_between(
+            lambda: start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log),
+            Path(ckpt), f"{tmp_path}/children.log", seed=5)
+        assert landed == list(KILLS)
+        assert committed_batches(Path(ckpt)) < total // 700, "the run finished before the last kill"
         proc = start_child(script, [url, queue, log, out, ckpt, "final", result], child_log)
         try:
             proc.wait(400)

@@ -11,7 +11,6 @@ fails naming it. Every query and wait is bounded.
 from __future__ import annotations
 
 import json
-import random
 import socket
 import textwrap
 import threading
@@ -24,7 +23,7 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
-from killing import committed_batches, kill_group, mid_batch, start_child
+from killing import KILLS, committed_batches, kill_group, kill_inside_and_between, start_child
 
 pytestmark = pytest.mark.integration
 
@@ -242,9 +241,9 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.timeout(900)
-def test_four_consumers_killed_mid_batch_lose_and_duplicate_nothing(rabbitmq, unique_name, tmp_path):
+def test_four_consumers_killed_inside_and_between_batches_lose_and_duplicate_nothing(rabbitmq, unique_name, tmp_path):
     """As ``test_sources_failures``' kill test, with 4 lanes: the query (driver, JVM, workers) is
-    SIGKILLed inside a batch three times and restarted from its checkpoint; Spark replays the
+    SIGKILLed inside a batch and between two batches, and restarted from its checkpoint each time; Spark replays the
     batch's per-lane ranges from the lanes' logs, the broker redelivers what was not acknowledged
     (to any lane), and the parquet sink holds each message once."""
     url, queue, total = rabbitmq.url("amqp"), unique_name("kill"), 10_000
@@ -252,28 +251,11 @@ def test_four_consumers_killed_mid_batch_lose_and_duplicate_nothing(rabbitmq, un
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
-    rng = random.Random(7)
-    kills = attempts = 0
     with open(tmp_path / "children.log", "w") as child_log:
-        while kills < 3 and attempts < 8:
-            attempts += 1
-            before = committed_batches(Path(ckpt))
-            proc = start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log)
-            try:
-                deadline = time.monotonic() + 180
-                while committed_batches(Path(ckpt)) <= before and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        pytest.fail(f"child query exited early ({proc.returncode}); see {tmp_path}/children.log")
-                    time.sleep(0.1)
-                assert committed_batches(Path(ckpt)) > before, "no batch committed within 180s"
-                deadline = time.monotonic() + 60
-                while not mid_batch(Path(ckpt)) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                time.sleep(rng.uniform(0.0, 0.2))
-            finally:
-                kill_group(proc)
-            kills += mid_batch(Path(ckpt))
-        assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
+        landed = kill_inside_and_between(
+            lambda: start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log),
+            Path(ckpt), f"{tmp_path}/children.log", seed=7)
+        assert landed == list(KILLS)
         assert committed_batches(Path(ckpt)) < total // 700, "the run finished before the last kill"
         proc = start_child(script, [url, queue, log, out, ckpt, "final", result], child_log)
         try:

@@ -51,6 +51,7 @@ def test_50k_from_a_mailbox_exactly_once_with_frames(spark, malamute_broker, tmp
     assert max(sizes) <= 20_000, sizes
 
 
+@pytest.mark.quick  # ./dev test --quick
 def test_available_now_reads_the_backlog_while_its_quiet_period_runs(spark, malamute_broker, tmp_path):
     """Malamute tells no queue depth: availableNow ends its drain after ``quietPeriod`` of silence.
     Spark reads what came meanwhile (planned after 0.1 s without deliveries), not after it."""

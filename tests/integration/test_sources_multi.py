@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from killing import kill_group, last_batch
+from killing import KILLS, kill_group, kill_inside_and_between
 
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.malamute import MalamuteClient
@@ -388,10 +388,10 @@ CHILD = textwrap.dedent("""
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["rabbitmq", "activemq"])
 @pytest.mark.parametrize("ack_mode", ["durable", "commit"])
-def test_stomp_two_destinations_query_killed_mid_batch_loses_and_duplicates_nothing(
+def test_stomp_two_destinations_query_killed_inside_and_between_batches_loses_and_duplicates_nothing(
         request, unique_name, tmp_path, kind, ack_mode):
-    """The query process SIGKILLed inside a batch three times (restarted from its checkpoint each
-    time), then run to the end: every message of both destinations exactly once, each row's
+    """The query process SIGKILLed inside a batch and between two batches (restarted from its
+    checkpoint each time), then run to the end: every message of both destinations exactly once, each row's
     destination its own; the broker has nothing left."""
     url = request.getfixturevalue(kind).url("stomp")
     dests = ["/queue/" + unique_name("kill-a"), "/queue/" + unique_name("kill-b")]
@@ -406,27 +406,9 @@ def test_stomp_two_destinations_query_killed_mid_batch_loses_and_duplicates_noth
         return subprocess.Popen([sys.executable, str(script), url, ",".join(dests), ack_mode, log, out, ckpt, mode,
                                  result], stdout=child_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    kills = attempts = 0
     with open(tmp_path / "children.log", "w") as child_log:
-        while kills < 3 and attempts < 8:
-            attempts += 1
-            before = last_batch(Path(ckpt), "commits")
-            proc = start("stream")
-            try:
-                deadline = time.monotonic() + 180
-                while last_batch(Path(ckpt), "commits") <= before and time.monotonic() < deadline:
-                    if proc.poll() is not None:
-                        pytest.fail(f"child query exited early ({proc.returncode}); see {tmp_path}/children.log")
-                    time.sleep(0.1)
-                assert last_batch(Path(ckpt), "commits") > before, "no batch committed within 180s"
-                deadline = time.monotonic() + 60
-                while (last_batch(Path(ckpt), "offsets") <= last_batch(Path(ckpt), "commits")
-                       and time.monotonic() < deadline):
-                    time.sleep(0.01)
-            finally:
-                kill_group(proc)
-            kills += last_batch(Path(ckpt), "offsets") > last_batch(Path(ckpt), "commits")
-        assert kills == 3, f"{kills} of {attempts} kills landed inside a batch"
+        landed = kill_inside_and_between(lambda: start("stream"), Path(ckpt), f"{tmp_path}/children.log")
+        assert landed == list(KILLS)
         proc = start("final")
         try:
             proc.wait(400)

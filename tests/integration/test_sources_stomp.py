@@ -87,6 +87,7 @@ def test_headers_round_trip_activemq(spark, activemq, unique_name, tmp_path):
     assert figures["consumed"] == 300 and figures["brokerQueueDepth"] is None
 
 
+@pytest.mark.quick  # ./dev test --quick
 def test_commit_mode_acks_in_transactions_and_drops_redeliveries(spark, stomp_broker, unique_name, tmp_path):
     """ackMode=commit: a batch's messages are acked (ACK inside BEGIN/COMMIT) only once Spark has
     committed it. A ``once`` run ends after one batch with nothing acked, so the next run gets those

@@ -64,3 +64,14 @@ def test_case_selection(soak):
                                                "stomp-activemq-auto", "malamute-malamute-none"]
     with pytest.raises(SystemExit):
         soak.parse_args(["--cases", "amqp09"])
+
+
+def test_consumers_gives_the_amqp08_and_stomp_cases_lanes(soak, tmp_path):
+    args = soak.parse_args(["--consumers", "4", "--cases", "amqp08-rabbitmq-durable,malamute"])
+    broker = type("B", (), {"url": lambda self, scheme="tcp": f"{scheme}://127.0.0.1:1"})()
+    amqp, malamute = args.selected
+    assert soak.source_options(amqp, broker, "q", tmp_path, args)["consumers"] == "4"
+    assert "consumers" not in soak.source_options(malamute, broker, "m", tmp_path, args)
+    assert "consumers" not in soak.source_options(amqp, broker, "q", tmp_path, soak.parse_args([]))
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--consumers", "0"])

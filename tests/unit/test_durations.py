@@ -1,0 +1,80 @@
+"""The suite's durations record and summary (scripts/test_durations.py, tests/conftest.py): pure code."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import test_durations as td  # noqa: E402
+
+
+def _record() -> dict:
+    return {"started": "2026-12-07T00:00:00Z", "wall_seconds": 125.0, "exitstatus": 0, "workers": 2,
+            "args": ["-n", "2", "tests"],
+            "tests": [
+                {"nodeid": "tests/integration/test_a.py::test_slow", "setup": 5.0, "call": 40.0, "teardown": 1.0,
+                 "outcome": "passed", "worker": "gw0", "fixture": [["spark", "session", 4.5]],
+                 "broker-start": [["rabbitmq", "setup", 6.0], ["rabbitmq-restart", "call", 3.0]],
+                 "slept": [["call", 2.5]]},
+                {"nodeid": "tests/integration/test_a.py::test_fast", "setup": 0.0, "call": 1.0, "teardown": 0.0,
+                 "outcome": "failed", "worker": "gw1"},
+                {"nodeid": "tests/unit/test_b.py::test_x", "setup": 0.0, "call": 0.2, "teardown": 0.0,
+                 "outcome": "passed", "worker": "gw1", "fixture": [["malamute_broker", "function", 0.7]]},
+            ]}
+
+
+def test_summary_ranks_tests_and_adds_up_files_and_kinds():
+    text = td.render(td.committed_form(_record()))
+    slowest = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert "test_a.py::test_slow" in slowest[0] and "46.0" in slowest[0]
+    assert "test_a.py::test_fast" in slowest[1]
+    assert "| `tests/integration/test_a.py` | 2 | 47.0 |" in text
+    assert "| Spark session (in-process) | 1 | 4.5 |" in text
+    assert "| broker start: rabbitmq | 1 | 6.0 |" in text
+    assert "| broker start: rabbitmq-restart | 1 | 3.0 |" in text
+    assert "| broker fixtures | 1 | 0.7 |" in text
+    assert "| time.sleep in the test's own thread | 1 | 2.5 |" in text
+    assert "1 failed, 2 passed" in text
+    assert "**2:05**" in text
+
+
+def test_committed_summary_is_what_the_committed_record_gives():
+    record = json.loads(td.COMMITTED.read_text())
+    assert td.SUMMARY.read_text() == td.render(record), "tests/DURATIONS.md is stale: run ./dev durations"
+    assert record["exitstatus"] == 0 and len(record["tests"]) > 1000, "the committed record is not a full green run"
+
+
+def _conftest():
+    spec = importlib.util.spec_from_file_location("suite_conftest", ROOT / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Item(SimpleNamespace):
+    def get_closest_marker(self, name):
+        return self.markers.get(name)
+
+
+def test_collection_runs_slowest_first_keeping_groups_and_unit_modules_together(monkeypatch):
+    conftest = _conftest()
+    integ = conftest.INTEGRATION_DIR
+    unit = conftest.TESTS_DIR / "unit" / "test_u.py"
+
+    def item(path, name, group=None):
+        markers = {"xdist_group": SimpleNamespace(args=(group,), kwargs={})} if group else {}
+        return _Item(path=path, nodeid=f"{path.name}::{name}", markers=markers)
+
+    items = [item(unit, "u1"), item(unit, "u2"),
+             item(integ / "test_p.py", "p1", "g"), item(integ / "test_p.py", "p2", "g"),
+             item(integ / "test_s.py", "fast"), item(integ / "test_s.py", "slow")]
+    known = {"test_p.py::p1": 30.0, "test_p.py::p2": 30.0, "test_s.py::slow": 50.0, "test_s.py::fast": 2.0,
+             "test_u.py::u1": 0.1, "test_u.py::u2": 0.1}
+    monkeypatch.setattr(conftest, "_load_committed", lambda: known)
+    conftest._slowest_first(items)
+    assert [i.nodeid.split("::")[1] for i in items] == ["p1", "p2", "slow", "fast", "u1", "u2"]
