@@ -137,17 +137,24 @@ def _counting_sleep(seconds: float) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     time.sleep = _counting_sleep
+    if not config.pluginmanager.has_plugin("spark-mq-fixture-timer"):
+        config.pluginmanager.register(_FixtureTimer(), "spark-mq-fixture-timer")
     config._spark_mq_durations = {"tests": {}, "started": time.time(), "t0": time.monotonic()}
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    t0 = time.monotonic()
-    yield
-    took = time.monotonic() - t0
-    item = getattr(request, "_pyfuncitem", None)
-    if item is not None and took >= FIXTURE_RECORD_MIN:
-        item.user_properties.append(("fixture", [fixturedef.argname, fixturedef.scope, round(took, 3)]))
+class _FixtureTimer:
+    """Each fixture's set-up time, into the record of the test that caused it. A plugin of its own, not a
+    hook of this conftest: pytest calls a session-scoped fixture's set-up hook through the session's
+    hooks, which see only the conftest files of the root directory."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        t0 = time.monotonic()
+        yield
+        took = time.monotonic() - t0
+        item = getattr(request, "_pyfuncitem", None)
+        if item is not None and took >= FIXTURE_RECORD_MIN:
+            item.user_properties.append(("fixture", [fixturedef.argname, fixturedef.scope, round(took, 3)]))
 
 
 @pytest.hookimpl(hookwrapper=True)
