@@ -9,9 +9,8 @@ Responsible for:
   brokers it started and the seconds its own thread slept, to the durations file (`SPARK_MQ_DURATIONS`,
   default `.test-durations.json`; `scripts/test_durations.py` turns a full run's file into
   tests/DURATIONS.md and tests/durations.json);
-- under xdist: putting the tests of a module with expensive module-scoped state in one group
-  (`--dist loadgroup`, see GROUPED_MODULES), and ordering the collection slowest first by the committed
-  tests/durations.json, so the long tests start early and the workers end together.
+- under xdist: ordering the collection slowest first by the committed tests/durations.json (a module's
+  `xdist_group` kept together), so the long tests start early and the workers end together.
 Not responsible for brokers: see tests/integration/conftest.py and tests/integration/brokers.py.
 """
 
@@ -48,11 +47,10 @@ if _java_options and "JDK_JAVA_OPTIONS" not in os.environ:
 # Seconds; a safety net against hangs, not a performance budget. Override per test with
 # @pytest.mark.timeout(N), or for a run with SPARK_MQ_TEST_TIMEOUT=N (0 disables) or --timeout=N.
 DEFAULT_TEST_TIMEOUT = 600
-# Modules whose tests share module-scoped state that is expensive to build (a wheel and venvs, a
-# standalone cluster's set-up, a Jupyter kernel, a broker of the module): under xdist each runs on one
-# worker, in its own order. Every other test is scheduled on its own.
-GROUPED_MODULES = {"test_packaging", "test_notebooks", "test_sinks_malamute", "test_sinks_roundtrip",
-                   "test_spark_versions", "test_cluster"}
+# A module whose tests share module-scoped state that is expensive to build (a wheel and venvs, a Jupyter
+# kernel's runs, a broker of the module) carries ``pytestmark = pytest.mark.xdist_group("<module>")``:
+# under ``--dist loadgroup`` its tests run on one worker, in order (a marker added here at collection
+# comes after xdist's workers have read the groups; tests/unit/test_durations.py checks the modules).
 # A fixture setup shorter than this is not worth a line in the record.
 FIXTURE_RECORD_MIN = 0.05
 
@@ -63,8 +61,7 @@ def _group_of(item: pytest.Item) -> str | None:
     marker = item.get_closest_marker("xdist_group")
     if marker is not None:
         return marker.args[0] if marker.args else marker.kwargs.get("name")
-    module = Path(item.path).stem
-    return module if module in GROUPED_MODULES else None
+    return None
 
 
 def _load_committed() -> dict[str, float]:
@@ -102,7 +99,6 @@ def _xdist_workers(config: pytest.Config) -> int:
         return 0
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     has_timeout_plugin = config.pluginmanager.hasplugin("timeout")
     default_timeout = int(os.environ.get("SPARK_MQ_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT))
@@ -113,9 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if has_timeout_plugin and not explicit_cli_timeout and default_timeout > 0 \
                 and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(default_timeout))
-        group = _group_of(item)
-        if group and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if config.pluginmanager.hasplugin("xdist") and (_xdist_workers(config) or hasattr(config, "workerinput")):
         _slowest_first(items)
 

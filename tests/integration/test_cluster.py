@@ -36,7 +36,8 @@ BROKER_PROCESS = Path(__file__).resolve().parent / "broker_process.py"
 START_TIMEOUT = 180
 JOB_TIMEOUT = 400
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900),
+              pytest.mark.xdist_group("test_cluster")]  # one xdist worker: shared state (tests/conftest.py)
 
 
 def _free_port() -> int:

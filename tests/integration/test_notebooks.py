@@ -17,7 +17,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT = 300
 RUN_TIMEOUT = 850  # seconds a test waits for its notebook's run (queued behind at most the others)
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900),
+              pytest.mark.xdist_group("test_notebooks")]  # one xdist worker: shared state (tests/conftest.py)
 
 
 def execute(name: str, tmp_path: Path, **env) -> "object":

@@ -33,7 +33,8 @@ FORMATS = ("amqp08", "stomp", "malamute")
 #: the --py-files job's test helper (stream_round_trip), not part of the package: shipped with --py-files too
 BROKER_PROCESS = Path(__file__).resolve().parent / "broker_process.py"
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800),
+              pytest.mark.xdist_group("test_packaging")]  # one xdist worker: shared state (tests/conftest.py)
 
 
 def _build_dist_module():

@@ -26,6 +26,8 @@ QUERY_TIMEOUT = 240.0
 READ_IDLE = 10.0
 SETTLE = 1.5
 
+pytestmark = pytest.mark.xdist_group("test_sinks_malamute")  # one xdist worker: shared state (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def broker():

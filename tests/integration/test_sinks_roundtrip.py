@@ -24,6 +24,8 @@ from sinktest import run_available_now
 N = 3_000
 QUERY_TIMEOUT = 240.0
 
+pytestmark = pytest.mark.xdist_group("test_sinks_roundtrip")  # one xdist worker: shared state (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def malamute_broker():

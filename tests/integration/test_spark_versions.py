@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_dist  # noqa: E402
 import spark_matrix  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500),
+              pytest.mark.xdist_group("test_spark_versions")]  # one xdist worker: shared state (tests/conftest.py)
 
 JOB = Path(__file__).with_name("matrix_job.py")
 JOB_TIMEOUT = 600

@@ -78,3 +78,15 @@ def test_collection_runs_slowest_first_keeping_groups_and_unit_modules_together(
     monkeypatch.setattr(conftest, "_load_committed", lambda: known)
     conftest._slowest_first(items)
     assert [i.nodeid.split("::")[1] for i in items] == ["p1", "p2", "slow", "fast", "u1", "u2"]
+
+
+def test_integration_modules_with_module_scoped_fixtures_run_on_one_worker():
+    """A module-scoped fixture under ``--dist loadgroup`` is built once per worker its tests land on: a
+    module with one (a wheel and venvs, notebook runs, a broker) must be an xdist group of its own."""
+    import re
+
+    integration = ROOT / "tests" / "integration"
+    for path in sorted(integration.glob("test_*.py")):
+        text = path.read_text()
+        if re.search(r'@pytest\.fixture\(scope="module"', text):
+            assert f'pytest.mark.xdist_group("{path.stem}")' in text, f"{path.name} has module-scoped fixtures"
