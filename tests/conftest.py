@@ -172,6 +172,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = store["tests"].setdefault(report.nodeid, {"nodeid": report.nodeid, "setup": 0.0, "call": 0.0,
                                                       "teardown": 0.0, "outcome": "passed"})
     entry[report.when] = round(report.duration, 3)
+    if report.failed and store.get("failures"):
+        # a failure is written out as it comes (xdist prints the details only when the run ends)
+        with open(store["failures"], "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when}, {getattr(report, 'node', None) and report.node.gateway.id})\n"
+                    f"{report.longreprtext}\n\n")
     if report.failed:
         entry["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and entry["outcome"] == "passed":
@@ -192,7 +197,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # the controller (or a run without xdist) keeps the record; workers only send their reports
     if not hasattr(session.config, "workerinput"):
-        _STORE["record"] = session.config._spark_mq_durations
+        record = session.config._spark_mq_durations
+        record["failures"] = Path(os.environ.get(DURATIONS_ENV) or REPO / ".test-durations.json").with_suffix(".failures")
+        record["failures"].write_text("")
+        _STORE["record"] = record
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
