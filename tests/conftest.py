@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -51,6 +52,14 @@ DEFAULT_TEST_TIMEOUT = 600
 # kernel's runs, a broker of the module) carries ``pytestmark = pytest.mark.xdist_group("<module>")``:
 # under ``--dist loadgroup`` its tests run on one worker, in order (a marker added here at collection
 # comes after xdist's workers have read the groups; tests/unit/test_durations.py checks the modules).
+# pytest-xdist's --dist loadgroup appends "@<group>" to a grouped test's id; the record keeps the plain id
+_GROUP_SUFFIX = re.compile(r"@[A-Za-z0-9_.-]+$")
+
+
+def plain_nodeid(nodeid: str) -> str:
+    return _GROUP_SUFFIX.sub("", nodeid)
+
+
 # A fixture setup shorter than this is not worth a line in the record.
 FIXTURE_RECORD_MIN = 0.05
 
@@ -85,7 +94,7 @@ def _slowest_first(items: list[pytest.Item]) -> None:
         units.setdefault(key, []).append(item)
 
     def weight(unit: list[pytest.Item]) -> float:
-        return sum(known.get(i.nodeid, 1.0) for i in unit)
+        return sum(known.get(plain_nodeid(i.nodeid), 1.0) for i in unit)
 
     first_seen = {key: n for n, key in enumerate(units)}
     ordered = sorted(units, key=lambda k: (-weight(units[k]), first_seen[k]))
@@ -169,8 +178,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     store = _STORE.get("record")
     if store is None:
         return
-    entry = store["tests"].setdefault(report.nodeid, {"nodeid": report.nodeid, "setup": 0.0, "call": 0.0,
-                                                      "teardown": 0.0, "outcome": "passed"})
+    nodeid = plain_nodeid(report.nodeid)
+    entry = store["tests"].setdefault(nodeid, {"nodeid": nodeid, "setup": 0.0, "call": 0.0, "teardown": 0.0,
+                                               "outcome": "passed"})
     entry[report.when] = round(report.duration, 3)
     if report.failed and store.get("failures"):
         # a failure is written out as it comes (xdist prints the details only when the run ends)

@@ -90,3 +90,10 @@ def test_integration_modules_with_module_scoped_fixtures_run_on_one_worker():
         text = path.read_text()
         if re.search(r'@pytest\.fixture\(scope="module"', text):
             assert f'pytest.mark.xdist_group("{path.stem}")' in text, f"{path.name} has module-scoped fixtures"
+
+
+def test_the_record_keeps_a_grouped_tests_plain_id():
+    conftest = _conftest()
+    assert conftest.plain_nodeid("tests/x.py::test_a[p]@test_x") == "tests/x.py::test_a[p]"
+    assert conftest.plain_nodeid("tests/x.py::test_a[u@h]") == "tests/x.py::test_a[u@h]"
+    assert conftest.plain_nodeid("tests/x.py::test_b") == "tests/x.py::test_b"
