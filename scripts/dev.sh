@@ -148,7 +148,7 @@ run_pytest() {
   # is a failure too: a suite that silently lost its tests must not pass CI.
   # --quick: the unit tests and the integration tests marked `quick` (one end-to-end case per format and
   # direction), for the loop while working; ./dev test without it is the whole suite (CI, the README).
-  # The tests run on SPARK_MQ_TEST_WORKERS pytest-xdist workers (default 3: the fastest on a 2-core machine,
+  # The tests run on SPARK_MQ_TEST_WORKERS pytest-xdist workers (default 2: the suite is bound by the 2 cores,
   # tests/DURATIONS.md); each worker starts its own brokers and SparkSession as its tests ask for them.
   # Each run writes every test's seconds to .test-durations.json (./dev durations makes tests/DURATIONS.md).
   local has_path=0 has_n=0 quick=0 a
@@ -166,7 +166,7 @@ run_pytest() {
     args=(-m "not integration or quick" "${args[@]}")
   fi
   [ $has_path = 1 ] || args=(tests "${args[@]}")
-  local workers="${SPARK_MQ_TEST_WORKERS:-3}"
+  local workers="${SPARK_MQ_TEST_WORKERS:-2}"
   if [ $has_n = 0 ] && [ "$workers" != 0 ]; then
     args=(-n "$workers" --dist loadgroup "${args[@]}")
   fi

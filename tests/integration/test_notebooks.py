@@ -8,6 +8,7 @@ notebooks start the embedded broker themselves.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,9 +16,9 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT = 300
-RUN_TIMEOUT = 850  # seconds a test waits for its notebook's run (queued behind at most the others)
+RUN_TIMEOUT = 1150  # seconds a test waits for its notebook's run (queued behind at most the others)
 
-pytestmark = [pytest.mark.timeout(900),
+pytestmark = [pytest.mark.timeout(1200),
               pytest.mark.xdist_group("test_notebooks")]  # one xdist worker: shared state (tests/conftest.py)
 
 
@@ -47,8 +48,9 @@ def outputs(nb) -> str:
     return "\n".join(text)
 
 
-#: notebooks run side by side: each mostly waits on its kernel's Spark start and its queries
-SIDE_BY_SIDE = 2
+#: notebooks run side by side: each mostly waits on its kernel's Spark start and its queries; one at a time
+#: under pytest-xdist, whose other workers keep the cores busy already
+SIDE_BY_SIDE = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 
 
 @pytest.fixture(scope="module")
