@@ -38,12 +38,6 @@ class _Module:
         return importlib.import_module(self.name)
 
 
-def _source_options(fmt: str, options, validate, streaming: bool):
-    from spark_mq.sources.base import source_options
-
-    return source_options(fmt, options, validate, streaming)
-
-
 class MQDataSource(DataSource):
     """Base of the per-format DataSources: subclasses set ``FORMAT``, ``SOURCE`` (the format's module
     in ``spark_mq.sources.formats``: ``validate``, ``connect_consumer``, ``queue_depth``) and ``SINK`` (its module in
@@ -58,7 +52,9 @@ class MQDataSource(DataSource):
         return cls.FORMAT
 
     def _source_options(self, streaming: bool):
-        return _source_options(self.FORMAT, self.options, self.SOURCE.validate, streaming)
+        from spark_mq.sources.base import source_options
+
+        return source_options(self.FORMAT, self.options, self.SOURCE.validate, streaming)
 
     def schema(self) -> str:
         from spark_mq import schema as S

@@ -84,7 +84,7 @@ def _load_committed() -> dict[str, float]:
 def _slowest_first(items: list[pytest.Item]) -> None:
     """Order the collection slowest first, a group (or a module's tests, unit tests alike) kept together
     in its own order: a unit of work's weight is the sum of its tests' last recorded seconds (a test not
-    in the record weighs the median of its module, or 1 s)."""
+    in the record weighs 1 s)."""
     known = _load_committed()
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -167,10 +167,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if slept:
         item.user_properties.append(("slept", [call.when, round(slept, 3)]))
     starts = getattr(item.config, "_spark_mq_broker_starts", None)
-    if starts:
-        while starts:
-            kind, seconds = starts.pop(0)
-            item.user_properties.append(("broker-start", [kind, call.when, round(seconds, 3)]))
+    while starts:
+        kind, seconds = starts.pop(0)
+        item.user_properties.append(("broker-start", [kind, call.when, round(seconds, 3)]))
     yield
 
 
@@ -182,17 +181,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = store["tests"].setdefault(nodeid, {"nodeid": nodeid, "setup": 0.0, "call": 0.0, "teardown": 0.0,
                                                "outcome": "passed"})
     entry[report.when] = round(report.duration, 3)
-    if report.failed and store.get("failures"):
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", None) or getattr(report, "worker_id", None)
+    if report.failed:
         # a failure is written out as it comes (xdist prints the details only when the run ends)
         with open(store["failures"], "a") as f:
-            f.write(f"==== {report.nodeid} ({report.when}, {getattr(report, 'node', None) and report.node.gateway.id})\n"
-                    f"{report.longreprtext}\n\n")
-    if report.failed:
+            f.write(f"==== {report.nodeid} ({report.when}, {worker})\n{report.longreprtext}\n\n")
         entry["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and entry["outcome"] == "passed":
         entry["outcome"] = "skipped"
-    node = getattr(report, "node", None)
-    worker = getattr(getattr(node, "gateway", None), "id", None) or getattr(report, "worker_id", None)
     if worker:
         entry["worker"] = worker
     if report.when == "teardown":
@@ -204,11 +201,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             entry[key] = values
 
 
+def _record_path() -> Path:
+    return Path(os.environ.get(DURATIONS_ENV) or REPO / ".test-durations.json")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     # the controller (or a run without xdist) keeps the record; workers only send their reports
     if not hasattr(session.config, "workerinput"):
         record = session.config._spark_mq_durations
-        record["failures"] = Path(os.environ.get(DURATIONS_ENV) or REPO / ".test-durations.json").with_suffix(".failures")
+        record["failures"] = _record_path().with_suffix(".failures")
         record["failures"].write_text("")
         _STORE["record"] = record
 
@@ -217,7 +218,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return
     store = session.config._spark_mq_durations
-    target = Path(os.environ.get(DURATIONS_ENV) or REPO / ".test-durations.json")
+    target = _record_path()
     record = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store["started"])),
         "wall_seconds": round(time.monotonic() - store["t0"], 1),
