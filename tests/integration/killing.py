@@ -54,46 +54,58 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def kill_inside_and_between(start: Callable[[], subprocess.Popen], ckpt: Path, log_hint: str, *,
+def kill_inside_and_between(start: Callable[[], subprocess.Popen], ckpt, log_hint: str, *,
                             seed: int = 0, wheres: tuple[str, ...] = KILLS, max_attempts: int = 8,
-                            commit_timeout: float = 180.0) -> list[str]:
+                            commit_timeout: float = 180.0):
     """Run the query (``start()``: a child in a process group of its own) and SIGKILL it once per entry of
     ``wheres``, each time once it has committed a batch of its own run: "inside" a batch (planned and not
     committed), or "between" two (every planned batch committed). A kill that landed elsewhere is made
     again, ``max_attempts`` runs in all. Returns where each kill landed, in order; fails the test when a
-    child exits by itself or commits nothing within ``commit_timeout`` seconds."""
+    child exits by itself or commits nothing within ``commit_timeout`` seconds.
+
+    ``ckpt`` may also be a list of checkpoints: the child runs one query per checkpoint, and one kill of
+    it kills them all. Each run then aims at the first query still missing a place of ``wheres`` and
+    records, for every query that committed a batch in that run, where the kill landed for it; it ends
+    when each query has had a kill at every place. Returns one list of landings per checkpoint (several
+    queries in one driver: fewer driver starts for the same kills)."""
+    several = isinstance(ckpt, (list, tuple))
+    ckpts = [Path(c) for c in ckpt] if several else [Path(ckpt)]
     import pytest
 
     rng = random.Random(seed)
-    ckpt = Path(ckpt)
-    landed: list[str] = []
+    landed: list[list[str]] = [[] for _ in ckpts]
+    missing = [list(wheres) for _ in ckpts]
     attempts = 0
-    for where in wheres:
-        while True:
-            attempts += 1
-            if attempts > max_attempts:
-                pytest.fail(f"kills landed {landed} in {max_attempts} runs; none {where} a batch ({log_hint})")
-            before = last_batch(ckpt, "commits")
-            proc = start()
-            try:
-                deadline = time.monotonic() + commit_timeout
-                # between two batches the window is the time from a commit to the next plan: watch closely
-                poll = 0.002 if where == "between" else 0.1
-                while last_batch(ckpt, "commits") <= before:
-                    if proc.poll() is not None:
-                        pytest.fail(f"child query exited early ({proc.returncode}); see {log_hint}")
-                    if time.monotonic() > deadline:
-                        pytest.fail(f"no batch committed within {commit_timeout:.0f}s; see {log_hint}")
-                    time.sleep(poll)
-                if where == "inside":
-                    deadline = time.monotonic() + 60
-                    while not mid_batch(ckpt) and time.monotonic() < deadline:
-                        time.sleep(0.01)  # batches run back to back: the next one is planned at once
-                    time.sleep(rng.uniform(0.0, 0.2))
-            finally:
-                kill_group(proc)
-            now = "inside" if mid_batch(ckpt) else "between"
-            if now == where:
-                landed.append(now)
-                break
-    return landed
+    while any(missing):
+        aim = next(i for i, m in enumerate(missing) if m)
+        where = missing[aim][0]
+        attempts += 1
+        if attempts > max_attempts:
+            pytest.fail(f"kills landed {landed} in {max_attempts} runs; none {where} a batch of "
+                        f"{ckpts[aim].name} ({log_hint})")
+        before = [last_batch(c, "commits") for c in ckpts]
+        proc = start()
+        try:
+            deadline = time.monotonic() + commit_timeout
+            # between two batches the window is the time from a commit to the next plan: watch closely
+            poll = 0.002 if where == "between" else 0.1
+            while last_batch(ckpts[aim], "commits") <= before[aim]:
+                if proc.poll() is not None:
+                    pytest.fail(f"child query exited early ({proc.returncode}); see {log_hint}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no batch committed within {commit_timeout:.0f}s; see {log_hint}")
+                time.sleep(poll)
+            if where == "inside":
+                deadline = time.monotonic() + 60
+                while not mid_batch(ckpts[aim]) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # batches run back to back: the next one is planned at once
+                time.sleep(rng.uniform(0.0, 0.2))
+        finally:
+            kill_group(proc)
+        for i, c in enumerate(ckpts):
+            if last_batch(c, "commits") > before[i]:  # this query ran in this run: the kill hit it
+                now = "inside" if mid_batch(c) else "between"
+                if now in missing[i]:
+                    missing[i].remove(now)
+                    landed[i].append(now)
+    return landed if several else landed[0]

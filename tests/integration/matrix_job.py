@@ -13,9 +13,9 @@ Phases (each one SparkSession, ``local[2]``, all three formats):
   ``trigger(availableNow=True)``; an amqp08 stream read with ``ingest=executors`` (two lanes); then it starts one query per format (source -> parquet file sink,
   small batches) and prints ``READY`` once each has committed batches and has more to read; the
   test then SIGKILLs it (the whole process group: a driver crash).
-- ``resume``: first continues the upgrade queries a ``resume`` on an older release left mid-run
-  (when the config names them), then restarts the ``kill`` queries from their checkpoints, runs them
-  until every message is in the sink, and reports what the sinks hold; finally, when the config asks
+- ``resume``: restarts the ``kill`` queries from their checkpoints, and the upgrade queries a ``resume``
+  on an older release left mid-run (when the config names them), side by side, runs them until every
+  message is in the sink, and reports what the sinks hold; finally, when the config asks
   for it, starts the upgrade queries for the next release and exits without stopping them (a kill).
 Results go to stdout as ``REPORT <json>`` lines.
 """
@@ -141,51 +141,63 @@ def main(spark) -> None:
     spark_mq.register(spark)  # twice, after the automatic registration: never an error
     report("register_twice", result="ok")
     work = CONFIG["work"]
-    for fmt in FORMATS:
-        names = CONFIG["names"][fmt]
-        # batch write, then batch read
+    for fmt in FORMATS:  # batch write, then batch read
+        name = CONFIG["names"][fmt]["batch"]
         values = bodies(f"{fmt}-bw", 300)
-        batch_write(spark, fmt, names["batch"], values)
-        got = batch_read(spark, fmt, names["batch"], len(values))
+        batch_write(spark, fmt, name, values)
+        got = batch_read(spark, fmt, name, len(values))
         report("batch_write_read", format=fmt, sent=len(values), read=len(got), exact=sorted(got) == values)
 
-        # stream read with maxMessagesPerTrigger into this format's stream sink
-        values = bodies(f"{fmt}-sr", 600)
-        query = (spark.readStream.format(fmt).options(**source_options(fmt, names["stream_in"]))
-                 .option("logLocation", f"{work}/{fmt}-stream-log").option("maxMessagesPerTrigger", 200).load()
-                 .select("body").writeStream.format(fmt).options(**sink_options(fmt, names["stream_out"]))
-                 .option("checkpointLocation", f"{work}/{fmt}-stream-ckpt").trigger(processingTime="500 milliseconds")
-                 .start())
-        try:
-            # sent once the query runs: on a Spark without availableNow support the first batch of a run
-            # takes the whole backlog present at its start (docs/getting-started.md, "Spark versions"), later ones obey the cap
-            wait_rows(query, lambda: len(query.recentProgress), 1, f"{fmt} stream start")
-            batch_write(spark, fmt, names["stream_in"], values)
-            wait_rows(query, lambda: sum(sorted_progress(query)), len(values), f"{fmt} stream")
-        finally:
+    # stream read with maxMessagesPerTrigger into the format's stream sink, the three formats' queries side
+    # by side (each waits on its trigger more than it computes)
+    streams = {}
+    for fmt in FORMATS:
+        names = CONFIG["names"][fmt]
+        streams[fmt] = (spark.readStream.format(fmt).options(**source_options(fmt, names["stream_in"]))
+                        .option("logLocation", f"{work}/{fmt}-stream-log").option("maxMessagesPerTrigger", 200).load()
+                        .select("body").writeStream.format(fmt).options(**sink_options(fmt, names["stream_out"]))
+                        .option("checkpointLocation", f"{work}/{fmt}-stream-ckpt")
+                        .trigger(processingTime="500 milliseconds").start())
+    try:
+        # sent once the query runs: on a Spark without availableNow support the first batch of a run
+        # takes the whole backlog present at its start (docs/getting-started.md, "Spark versions"), later ones obey the cap
+        for fmt, query in streams.items():
+            wait_rows(query, lambda q=query: len(q.recentProgress), 1, f"{fmt} stream start")
+        for fmt in FORMATS:
+            batch_write(spark, fmt, CONFIG["names"][fmt]["stream_in"], bodies(f"{fmt}-sr", 600))
+        for fmt, query in streams.items():
+            wait_rows(query, lambda q=query: sum(sorted_progress(q)), 600, f"{fmt} stream")
+    finally:
+        for query in streams.values():
             query.stop()
-        batches = sorted_progress(query)
-        got = batch_read(spark, fmt, names["stream_out"], len(values))
-        report("stream_read_write", format=fmt, batches=batches, cap=200, read=len(got),
+    for fmt, query in streams.items():
+        values = bodies(f"{fmt}-sr", 600)
+        got = batch_read(spark, fmt, CONFIG["names"][fmt]["stream_out"], len(values))
+        report("stream_read_write", format=fmt, batches=sorted_progress(query), cap=200, read=len(got),
                exact=sorted(got) == values)
 
-        # the one-batch triggers: once, and availableNow (many batches only where Spark supports it)
+    # the one-batch triggers: once, and availableNow (many batches only where Spark supports it), every
+    # format's two queries side by side
+    runs = {}
+    for fmt in FORMATS:
         for trigger in ("once", "availableNow"):
-            values = bodies(f"{fmt}-{trigger}", 250)
-            batch_write(spark, fmt, names[trigger], values)
-            table = f"{fmt}_{trigger}"
-            query = (spark.readStream.format(fmt).options(**source_options(fmt, names[trigger]))
-                     .option("logLocation", f"{work}/{fmt}-{trigger}-log").option("maxMessagesPerTrigger", 100)
-                     .load().select(F.col("body").cast("string").alias("b"))
-                     .writeStream.format("memory").queryName(table)
-                     .option("checkpointLocation", f"{work}/{fmt}-{trigger}-ckpt")
-                     .trigger(**{trigger: True}).start())
-            finished = query.awaitTermination(WAIT)
-            if not finished:
-                query.stop()
-            rows = sorted(r.b for r in spark.table(table).collect())
-            report("trigger", format=fmt, trigger=trigger, finished=bool(finished), batches=sorted_progress(query),
-                   rows=len(rows), exact_prefix=rows == values[:len(rows)], error=str(query.exception() or ""))
+            name = CONFIG["names"][fmt][trigger]
+            batch_write(spark, fmt, name, bodies(f"{fmt}-{trigger}", 250))
+            runs[fmt, trigger] = (spark.readStream.format(fmt).options(**source_options(fmt, name))
+                                  .option("logLocation", f"{work}/{fmt}-{trigger}-log").option("maxMessagesPerTrigger", 100)
+                                  .load().select(F.col("body").cast("string").alias("b"))
+                                  .writeStream.format("memory").queryName(f"{fmt}_{trigger}")
+                                  .option("checkpointLocation", f"{work}/{fmt}-{trigger}-ckpt")
+                                  .trigger(**{trigger: True}).start())
+    deadline = time.monotonic() + WAIT
+    for (fmt, trigger), query in runs.items():
+        finished = query.awaitTermination(max(1.0, deadline - time.monotonic()))
+        if not finished:
+            query.stop()
+        values = bodies(f"{fmt}-{trigger}", 250)
+        rows = sorted(r.b for r in spark.table(f"{fmt}_{trigger}").collect())
+        report("trigger", format=fmt, trigger=trigger, finished=bool(finished), batches=sorted_progress(query),
+               rows=len(rows), exact_prefix=rows == values[:len(rows)], error=str(query.exception() or ""))
 
     # ingest on the executors (amqp08: stomp here is RabbitMQ's adapter, which that placement refuses, and
     # Malamute has no acks): two lanes consume in each batch's tasks
@@ -214,10 +226,16 @@ def base(key: str) -> str:
     return CONFIG["shared"] if key.startswith("upgrade-") else CONFIG["work"]
 
 
-def start_file_query(spark, fmt: str, name: str, key: str):
+# the killed runs read in small batches, so that a kill finds batches done and more to do; a restart reads
+# what is left in larger ones (a source's limit may change between runs: Spark does not keep it)
+KILLED_RUN_CAP = 150
+RESUME_CAP = 1000
+
+
+def start_file_query(spark, fmt: str, name: str, key: str, cap: int = KILLED_RUN_CAP):
     work = base(key)
     return (spark.readStream.format(fmt).options(**source_options(fmt, name))
-            .option("logLocation", f"{work}/{key}-log").option("maxMessagesPerTrigger", 150).load()
+            .option("logLocation", f"{work}/{key}-log").option("maxMessagesPerTrigger", cap).load()
             .select(F.col("body").cast("string").alias("b"))
             .writeStream.format("parquet").option("path", f"{work}/{key}-out")
             .option("checkpointLocation", f"{work}/{key}-ckpt").trigger(processingTime="300 milliseconds").start())
@@ -237,13 +255,14 @@ def committed_batches(ckpt: str) -> int:
         return 0
 
 
-def run_to_end_and_report(spark, what: str, queries: dict) -> None:
-    """Restart each query of ``queries`` (key -> (fmt, name, expected bodies)) from its checkpoint,
-    run it until its sink holds as many rows as were sent, and report what the sink holds."""
-    running = {key: start_file_query(spark, fmt, name, key) for key, (fmt, name, _) in queries.items()}
+def run_to_end_and_report(spark, queries: dict) -> None:
+    """Restart each query of ``queries`` (key -> (what, fmt, name, expected bodies)) from its checkpoint,
+    all side by side, run each until its sink holds as many rows as were sent, and report what the sink
+    holds under the query's ``what``."""
+    running = {key: start_file_query(spark, fmt, name, key, RESUME_CAP) for key, (_, fmt, name, _) in queries.items()}
     restarts = {key: 0 for key in queries}
     try:
-        for key, (fmt, name, values) in queries.items():
+        for key, (what, fmt, name, values) in queries.items():
             while True:
                 try:
                     wait_rows(running[key], lambda: file_count(spark, f"{base(key)}/{key}-out"), len(values),
@@ -256,12 +275,12 @@ def run_to_end_and_report(spark, what: str, queries: dict) -> None:
                     if "failed to connect back" not in str(exc) or restarts[key] >= 3:
                         raise
                     restarts[key] += 1
-                    running[key] = start_file_query(spark, fmt, name, key)
+                    running[key] = start_file_query(spark, fmt, name, key, RESUME_CAP)
         time.sleep(1)  # a duplicate batch would land now
     finally:
         for q in running.values():
             q.stop()
-    for key, (fmt, name, values) in queries.items():
+    for key, (what, fmt, name, values) in queries.items():
         rows = [r.b for r in spark.read.parquet(f"{base(key)}/{key}-out").collect()]
         report(what, key=key, format=fmt, sent=len(values), rows=len(rows), distinct=len(set(rows)),
                exact=sorted(rows) == values, restarts=restarts[key])
@@ -299,13 +318,14 @@ def main_then_kill(spark) -> None:
 
 
 def resume(spark) -> None:
+    """The killed queries, and the upgrade queries an older release's ``resume`` left (when the config
+    names them), restarted side by side and run to the end; then, when the config asks for it, the
+    upgrade queries for the next release started and left to the test's kill."""
     n = CONFIG["kill_messages"]
-    upgrade_from = CONFIG.get("upgrade_from")
-    if upgrade_from:
-        run_to_end_and_report(spark, "upgrade_resume", {
-            f"upgrade-{fmt}": (fmt, CONFIG["names"][fmt]["upgrade"], bodies(f"upgrade-{fmt}", n)) for fmt in FORMATS})
-    run_to_end_and_report(spark, "kill_resume", {
-        f"kill-{fmt}": (fmt, CONFIG["names"][fmt]["kill"], bodies(f"kill-{fmt}", n)) for fmt in FORMATS})
+    kinds = ("upgrade", "kill") if CONFIG.get("upgrade_from") else ("kill",)
+    run_to_end_and_report(spark, {
+        f"{kind}-{fmt}": (f"{kind}_resume", fmt, CONFIG["names"][fmt][kind], bodies(f"{kind}-{fmt}", n))
+        for kind in kinds for fmt in FORMATS})
     if CONFIG.get("upgrade_to"):
         start_and_await_kill(spark, "upgrade")
 

@@ -295,8 +295,10 @@ def test_a_bridge_killed_inside_and_between_batches_loses_nothing_and_keeps_one_
     with open(tmp_path / "bridge.log", "w") as out:
         landed = kill_inside_and_between(lambda: _start(_bridge_cmd(src, dst, state), out), ckpt,
                                          f"{tmp_path}/bridge.log", seed=46)
-        assert landed == list(KILLS)
-        proc = _start(_bridge_cmd(src, dst, state, "--available-now"), out)
+        assert sorted(landed) == sorted(KILLS)
+        # the rest in larger batches: the kills needed small ones, the end does not (a limit may change
+        # between runs; Spark does not keep it)
+        proc = _start(_bridge_cmd(src, dst, state, "--available-now", "-I", "maxMessagesPerTrigger=2000"), out)
         try:
             assert proc.wait(400) == 0, f"the final run failed; see {tmp_path}/bridge.log"
         finally:

@@ -374,7 +374,10 @@ SPECULATION = ["--conf", "spark.speculation=true", "--conf", "spark.speculation.
                "--conf", "spark.speculation.efficiency.enabled=false"]
 
 
-@pytest.mark.parametrize("case", ["amqp08", "amqp08-speculation", "stomp-speculation"])  # stomp: on ActiveMQ
+# stomp: on ActiveMQ. A case without speculation (amqp08) was merged into amqp08-speculation: every check
+# of it is made there, where only each batch's first task straggles and the others run as they would
+# without speculation (the suite's time, issue 56)
+@pytest.mark.parametrize("case", ["amqp08-speculation", "stomp-speculation"])
 def test_executor_ingest_survives_a_worker_and_a_driver_sigkill(tmp_path, daemons, request, unique_name, case):
     """Two queues, four consumers ingesting on the executors of a two-worker cluster: one worker
     (its JVM, executor and Python workers) is SIGKILLed mid-run, then the driver mid-batch; the query

@@ -59,7 +59,7 @@ def test_auto_mode_paused_ingest_keeps_the_client_buffer_bounded(spark, rabbitmq
     # made the driver's 1 GiB heap run out in a full-suite run (each count shipped the whole table)
     out = str(tmp_path / "out")
     q = (r.load().select("body").writeStream.format("parquet").option("path", out)
-         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="1 second").start())
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
     seen: list = []
     try:
         deadline = time.monotonic() + DEADLINE
@@ -72,7 +72,7 @@ def test_auto_mode_paused_ingest_keeps_the_client_buffer_bounded(spark, rabbitmq
             print(f"rows {rows}, figures {_figures(last) if last else None}", file=sys.stderr, flush=True)
             if rows >= BACKLOG:
                 break
-            time.sleep(1.0)
+            time.sleep(0.25)
         seen = [_figures(p) for p in q.recentProgress]
     finally:
         q.stop()

@@ -654,40 +654,48 @@ def test_a_second_query_on_one_log_location_fails_naming_it(spark, rabbitmq, uni
     assert sorted(got) == list(range(250))
 
 
-@pytest.mark.parametrize("case", ["amqp08-password", "stomp-password", "amqp08-missing-queue",
-                                  "stomp-missing-queue"])
-def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, unique_name, tmp_path, case):
+REFUSALS = ("amqp08-password", "stomp-password", "amqp08-missing-queue", "stomp-missing-queue")
+
+
+def test_a_refused_first_connection_fails_at_once_naming_why(spark, rabbitmq, unique_name, tmp_path):
     """A wrong password or a missing queue is not an outage: the query fails after a short grace
     (3 refusals over 10 s), not after brokerTimeout (300 s by default), with the broker's reason and
-    without the secret."""
-    fmt, what = case.split("-", 1)
-    secret = "wrong-" + unique_name("pw")
-    queue = unique_name("missing")
-    host, port = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp").split("@")[-1].split("/")[0].split(":")
-    if what == "password":
-        uri = f"{'amqp' if fmt == 'amqp08' else 'stomp'}://guest:{secret}@{host}:{port}/"
-    else:
-        uri = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp")
-    r = spark.readStream.format(fmt).option("uri", uri).option("logLocation", str(tmp_path / "log"))
-    if fmt == "amqp08":
-        r = r.option("queue", queue)
-    else:  # /amq/queue/: an existing queue only (RabbitMQ answers SUBSCRIBE with ERROR not_found)
-        r = r.option("destination", ("/amq/queue/" if what == "missing-queue" else "/queue/") + queue)
+    without the secret. The four cases (each format, a wrong password and a missing queue) run side by
+    side, each a query of its own: each waits out the same grace."""
+    secrets, queries = {}, {}
     t0 = time.monotonic()
-    q = finish(r.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start(), case)
-    took = time.monotonic() - t0
-    error = str(q.exception())
-    assert "Not retried after" in error and "the broker refused what the options ask for" in error, error
-    assert took < 60, f"failed after {took:.0f}s: retried as an outage?"
-    assert secret not in error
-    if what == "missing-queue" and fmt == "amqp08":
-        assert "404" in error and queue in error, error
-    elif what == "missing-queue":
-        assert "refused SUBSCRIBE" in error and queue in error, error
-    elif fmt == "amqp08":
-        assert "403" in error or "ACCESS_REFUSED" in error, error
-    else:
-        assert "STOMP ERROR" in error, error
+    for case in REFUSALS:
+        fmt, what = case.split("-", 1)
+        secrets[case] = secret = "wrong-" + unique_name("pw")
+        queue = unique_name("missing")
+        host, port = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp").split("@")[-1].split("/")[0].split(":")
+        if what == "password":
+            uri = f"{'amqp' if fmt == 'amqp08' else 'stomp'}://guest:{secret}@{host}:{port}/"
+        else:
+            uri = rabbitmq.url("amqp" if fmt == "amqp08" else "stomp")
+        r = spark.readStream.format(fmt).option("uri", uri).option("logLocation", str(tmp_path / f"{case}-log"))
+        if fmt == "amqp08":
+            r = r.option("queue", queue)
+        else:  # /amq/queue/: an existing queue only (RabbitMQ answers SUBSCRIBE with ERROR not_found)
+            r = r.option("destination", ("/amq/queue/" if what == "missing-queue" else "/queue/") + queue)
+        queries[case] = (queue, r.load().writeStream.format("noop")
+                         .option("checkpointLocation", str(tmp_path / f"{case}-ckpt")).start())
+    for case, (queue, q) in queries.items():
+        fmt, what = case.split("-", 1)
+        finish(q, case)
+        took = time.monotonic() - t0
+        error = str(q.exception())
+        assert "Not retried after" in error and "the broker refused what the options ask for" in error, (case, error)
+        assert took < 60, f"{case}: failed after {took:.0f}s: retried as an outage?"
+        assert secrets[case] not in error, case
+        if what == "missing-queue" and fmt == "amqp08":
+            assert "404" in error and queue in error, (case, error)
+        elif what == "missing-queue":
+            assert "refused SUBSCRIBE" in error and queue in error, (case, error)
+        elif fmt == "amqp08":
+            assert "403" in error or "ACCESS_REFUSED" in error, (case, error)
+        else:
+            assert "STOMP ERROR" in error, (case, error)
 
 
 @pytest.mark.parametrize("options,named", [

@@ -1,6 +1,7 @@
 """Failure tests of the amqp08 source: the query process SIGKILLed inside a batch and between two
-batches during a 14,000-message run (restarted from its checkpoint each time; more kills: ./dev soak), and the broker SIGKILLed and restarted
-mid-stream. The sink must hold every message exactly once.
+batches during a 14,000-message run, with one consumer and with four (restarted from its checkpoint each
+time; more kills: ./dev soak), and the broker SIGKILLed and restarted mid-stream. The sink must hold
+every message exactly once.
 
 The killed query runs in a child process (its own process group: Python driver, JVM, Python workers),
 so a kill is a real crash, not a stop. Every wait is bounded.
@@ -22,27 +23,40 @@ from killing import KILLS, committed_batches, kill_group, kill_inside_and_betwee
 
 pytestmark = pytest.mark.integration
 
+# One driver runs two queries, each on a queue of its own: ``one`` with a single consumer (two read
+# partitions) and ``lanes`` with four consumers (lanes, four read partitions). One kill of the driver kills
+# both, so one run of kills serves both (tests/integration/killing.py).
+QUERIES = {"one": {"consumers": "1", "numPartitions": "2"},
+           "lanes": {"consumers": "4", "prefetch": "200", "numPartitions": "4"}}
 CHILD = textwrap.dedent("""
     import json, os, sys
     from pyspark.sql import SparkSession
     from spark_mq.datasources import Amqp08DataSource
-    url, queue, log, out, ckpt, mode, result = sys.argv[1:8]
+    url, work, mode, queries = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
     spark.dataSource.register(Amqp08DataSource)
-    df = (spark.readStream.format("amqp08").option("uri", url).option("queue", queue).option("logLocation", log)
-          .option("maxMessagesPerTrigger", "700").option("numPartitions", "2").option("quietPeriod", "1").load())
-    w = df.select("offset", "body", "message_id").writeStream.format("parquet").option("path", out) \\
-        .option("checkpointLocation", ckpt)
+    running = {}
+    for name, options in queries.items():
+        df = (spark.readStream.format("amqp08").option("uri", url).options(**options)
+              .option("logLocation", f"{work}/{name}-log").option("maxMessagesPerTrigger", "700")
+              .option("quietPeriod", "1").load())
+        w = (df.select("offset", "body", "message_id").writeStream.format("parquet")
+             .option("path", f"{work}/{name}-out").option("checkpointLocation", f"{work}/{name}-ckpt"))
+        if mode == "final":
+            running[name] = w.trigger(availableNow=True).start()
+        else:
+            running[name] = w.trigger(processingTime="100 milliseconds").start()
     if mode == "final":
-        q = w.trigger(availableNow=True).start()
-        q.awaitTermination(300)
-        rows = spark.read.parquet(out).select("body").collect()
-        with open(result, "w") as f:
-            json.dump(sorted(r.body.decode() for r in rows), f)
+        result = {}
+        for name, q in running.items():
+            q.awaitTermination(300)
+            rows = spark.read.parquet(f"{work}/{name}-out").select("body").collect()
+            result[name] = sorted(r.body.decode() for r in rows)
+        with open(f"{work}/result.json", "w") as f:
+            json.dump(result, f)
     else:
-        q = w.trigger(processingTime="100 milliseconds").start()
-        q.awaitTermination(600)
+        spark.streams.awaitAnyTermination(600)
 """)
 
 
@@ -57,28 +71,40 @@ def publish(url: str, queue: str, count: int) -> None:
 
 @pytest.mark.timeout(900)
 def test_query_killed_inside_and_between_batches_loses_and_duplicates_nothing(rabbitmq, unique_name, tmp_path):
+    """The driver of two queries, one consumer and four consumers (lanes), SIGKILLed (driver, JVM, Python
+    workers) until each query has been killed inside a batch and between two batches, restarted from the
+    checkpoints each time, then run to the end: each parquet sink holds every message of its queue once.
+    With lanes, Spark replays the batch's per-lane ranges from the lanes' logs and the broker redelivers
+    what was not acknowledged (to any lane)."""
     url = rabbitmq.url("amqp")
-    queue = unique_name("src")
     total = 14_000
-    publish(url, queue, total)
+    queues = {name: unique_name(f"kill-{name}") for name in QUERIES}
+    for queue in queues.values():
+        publish(url, queue, total)
+    queries = {name: {**options, "queue": queues[name]} for name, options in QUERIES.items()}
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
+    ckpts = [tmp_path / f"{name}-ckpt" for name in QUERIES]
     with open(tmp_path / "children.log", "w") as child_log:
-        landed = kill_inside_and_between(
-            lambda: start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log),
-            Path(ckpt), f"{tmp_path}/children.log", seed=5)
-        assert landed == list(KILLS)
-        assert committed_batches(Path(ckpt)) < total // 700, "the run finished before the last kill"
-        proc = start_child(script, [url, queue, log, out, ckpt, "final", result], child_log)
+        def start(mode: str):
+            return start_child(script, [url, str(tmp_path), mode, json.dumps(queries)], child_log)
+
+        landed = kill_inside_and_between(lambda: start("stream"), ckpts, f"{tmp_path}/children.log", seed=5)
+        assert [sorted(x) for x in landed] == [sorted(KILLS)] * len(QUERIES), landed
+        for ckpt in ckpts:
+            assert committed_batches(ckpt) < total // 700, f"{ckpt.name}: the run finished before the last kill"
+        proc = start("final")
         try:
             proc.wait(400)
         finally:
             kill_group(proc)
-    bodies = json.loads(Path(result).read_text())
-    assert len(bodies) == total, f"{len(bodies)} rows for {total} messages"
-    assert bodies == sorted(f"m{i}" for i in range(total))
-
+    result = json.loads((tmp_path / "result.json").read_text())
+    for name in QUERIES:
+        bodies = result[name]
+        assert len(bodies) == total, f"{name}: {len(bodies)} rows for {total} messages"
+        assert bodies == sorted(f"m{i}" for i in range(total)), name
+    last = tmp_path / "lanes-ckpt" / "offsets" / str(last_batch(tmp_path / "lanes-ckpt", "offsets"))
+    assert len(json.loads(last.read_text().strip().splitlines()[-1])["lanes"]) == 4
 
 
 def _publish_persistent(broker, fmt: str, dest: str, total: int) -> None:

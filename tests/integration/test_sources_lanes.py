@@ -2,17 +2,17 @@
 
 amqp08 on RabbitMQ with 4 consumers on one queue (every message read exactly once, every lane got
 some, order kept within each lane's partitions); a redelivery that lands on another lane (one
-lane's connection cut with messages logged and not acknowledged) is dropped there; the query
-SIGKILLed mid-batch and restarted from its checkpoint loses and duplicates nothing; availableNow
+lane's connection cut with messages logged and not acknowledged) is dropped there; availableNow
 over lanes; stomp with 2 consumers on RabbitMQ and ActiveMQ; a restart with another ``consumers``
-fails naming it. Every query and wait is bounded.
+fails naming it. Every query and wait is bounded. The query with four lanes SIGKILLed inside a batch and
+between two batches is in test_sources_failures.py (``test_query_killed_inside_and_between_batches...``:
+one driver, a query of one consumer and one of four).
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -23,7 +23,6 @@ import pytest
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
-from killing import KILLS, committed_batches, kill_group, kill_inside_and_between, start_child
 
 pytestmark = pytest.mark.integration
 
@@ -213,59 +212,6 @@ def test_a_redelivery_landing_on_another_lane_is_dropped(fmt, rabbitmq, unique_n
         release_lane0.set()
         lanes.stop()
     assert _queue_depth(rabbitmq.url("amqp"), queue) == 0
-
-
-CHILD = textwrap.dedent("""
-    import json, os, sys
-    from pyspark.sql import SparkSession
-    from spark_mq.datasources import Amqp08DataSource
-    url, queue, log, out, ckpt, mode, result = sys.argv[1:8]
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
-    spark.dataSource.register(Amqp08DataSource)
-    df = (spark.readStream.format("amqp08").option("uri", url).option("queue", queue).option("logLocation", log)
-          .option("consumers", "4").option("prefetch", "200").option("maxMessagesPerTrigger", "700")
-          .option("numPartitions", "4").option("quietPeriod", "1").load())
-    w = df.select("offset", "body", "message_id").writeStream.format("parquet").option("path", out) \\
-        .option("checkpointLocation", ckpt)
-    if mode == "final":
-        q = w.trigger(availableNow=True).start()
-        q.awaitTermination(300)
-        rows = spark.read.parquet(out).select("body").collect()
-        with open(result, "w") as f:
-            json.dump(sorted(r.body.decode() for r in rows), f)
-    else:
-        q = w.trigger(processingTime="100 milliseconds").start()
-        q.awaitTermination(600)
-""")
-
-
-@pytest.mark.timeout(900)
-def test_four_consumers_killed_inside_and_between_batches_lose_and_duplicate_nothing(rabbitmq, unique_name, tmp_path):
-    """As ``test_sources_failures``' kill test, with 4 lanes: the query (driver, JVM, workers) is
-    SIGKILLed inside a batch and between two batches, and restarted from its checkpoint each time; Spark replays the
-    batch's per-lane ranges from the lanes' logs, the broker redelivers what was not acknowledged
-    (to any lane), and the parquet sink holds each message once."""
-    url, queue, total = rabbitmq.url("amqp"), unique_name("kill"), 10_000
-    _publish_amqp(url, queue, 0, total)
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
-    with open(tmp_path / "children.log", "w") as child_log:
-        landed = kill_inside_and_between(
-            lambda: start_child(script, [url, queue, log, out, ckpt, "stream", result], child_log),
-            Path(ckpt), f"{tmp_path}/children.log", seed=7)
-        assert landed == list(KILLS)
-        assert committed_batches(Path(ckpt)) < total // 700, "the run finished before the last kill"
-        proc = start_child(script, [url, queue, log, out, ckpt, "final", result], child_log)
-        try:
-            proc.wait(400)
-        finally:
-            kill_group(proc)
-    bodies = json.loads(Path(result).read_text())
-    assert len(bodies) == total, f"{len(bodies)} rows for {total} messages"
-    assert bodies == sorted(f"m{i}" for i in range(total))
-    assert len(_last_source_offset(Path(ckpt))["lanes"]) == 4
 
 
 @pytest.mark.timeout(600)

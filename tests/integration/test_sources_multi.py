@@ -358,66 +358,80 @@ def test_batch_read_over_two_sources(spark, request, unique_name, tmp_path, fmt,
 
 # -- the query killed and restarted -------------------------------------------------------------------------
 
+# One driver, one query per ack mode (two destinations each): a kill of the driver kills both queries, so
+# one run of kills serves both modes (tests/integration/killing.py)
+ACK_MODES = ("durable", "commit")
 CHILD = textwrap.dedent("""
     import json, sys
     from pyspark.sql import SparkSession
     from spark_mq.datasources import StompDataSource
-    url, dests, ack_mode, log, out, ckpt, mode, result = sys.argv[1:9]
+    url, work, mode = sys.argv[1:4]
+    dests = {m: d.split(",") for m, d in zip(("durable", "commit"), sys.argv[4:6])}
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
     spark.dataSource.register(StompDataSource)
-    df = (spark.readStream.format("stomp").option("uri", url).option("destination", dests)
-          .option("ackMode", ack_mode).option("logLocation", log).option("maxMessagesPerTrigger", "300")
-          .option("prefetch", "400").option("quietPeriod", "1").load())
-    w = df.select("body", "destination").writeStream.format("parquet").option("path", out) \\
-        .option("checkpointLocation", ckpt)
+    queries = {}
+    for ack_mode, ds in dests.items():
+        df = (spark.readStream.format("stomp").option("uri", url).option("destination", ",".join(ds))
+              .option("ackMode", ack_mode).option("logLocation", f"{work}/{ack_mode}-log")
+              .option("maxMessagesPerTrigger", "300").option("prefetch", "400").option("quietPeriod", "1").load())
+        w = (df.select("body", "destination").writeStream.format("parquet").option("path", f"{work}/{ack_mode}-out")
+             .option("checkpointLocation", f"{work}/{ack_mode}-ckpt"))
+        if mode == "final":
+            queries[ack_mode] = w.trigger(availableNow=True).start()
+        else:
+            queries[ack_mode] = w.trigger(processingTime="100 milliseconds").start()
     if mode == "final":
-        q = w.trigger(availableNow=True).start()
-        q.awaitTermination(300)
-        figures = json.loads(q.lastProgress["sources"][0]["latestOffset"]) if q.lastProgress else {}
-        rows = spark.read.parquet(out).collect()
-        with open(result, "w") as f:
-            json.dump({"rows": sorted([r.body.decode(), r.destination] for r in rows), "figures": figures,
-                       "error": str(q.exception()) if q.exception() else None}, f)
+        result = {}
+        for ack_mode, q in queries.items():
+            q.awaitTermination(300)
+            rows = spark.read.parquet(f"{work}/{ack_mode}-out").collect()
+            result[ack_mode] = {"rows": sorted([r.body.decode(), r.destination] for r in rows),
+                                "error": str(q.exception()) if q.exception() else None}
+        with open(f"{work}/result.json", "w") as f:
+            json.dump(result, f)
     else:
-        q = w.trigger(processingTime="100 milliseconds").start()
-        q.awaitTermination(600)
+        spark.streams.awaitAnyTermination(600)
 """)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["rabbitmq", "activemq"])
-@pytest.mark.parametrize("ack_mode", ["durable", "commit"])
 def test_stomp_two_destinations_query_killed_inside_and_between_batches_loses_and_duplicates_nothing(
-        request, unique_name, tmp_path, kind, ack_mode):
-    """The query process SIGKILLed inside a batch and between two batches (restarted from its
-    checkpoint each time), then run to the end: every message of both destinations exactly once, each row's
-    destination its own; the broker has nothing left."""
+        request, unique_name, tmp_path, kind):
+    """Two queries in one driver, ackMode durable and ackMode commit, each over two destinations; the
+    driver SIGKILLed until each query has been killed inside a batch and between two batches (restarted
+    from its checkpoint each time), then run to the end: every message of each query's destinations
+    exactly once, each row's destination its own; the broker has nothing left."""
     url = request.getfixturevalue(kind).url("stomp")
-    dests = ["/queue/" + unique_name("kill-a"), "/queue/" + unique_name("kill-b")]
+    dests = {m: ["/queue/" + unique_name(f"kill-{m}-a"), "/queue/" + unique_name(f"kill-{m}-b")] for m in ACK_MODES}
     count = 2500
-    publish_stomp(url, dests, count)
+    for ds in dests.values():
+        publish_stomp(url, ds, count)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    log, out, ckpt, result = (str(tmp_path / n) for n in ("log", "out", "ckpt", "result.json"))
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
 
     def start(mode: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(script), url, ",".join(dests), ack_mode, log, out, ckpt, mode,
-                                 result], stdout=child_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen([sys.executable, str(script), url, str(tmp_path), mode,
+                                 *(",".join(dests[m]) for m in ACK_MODES)],
+                                stdout=child_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     with open(tmp_path / "children.log", "w") as child_log:
-        landed = kill_inside_and_between(lambda: start("stream"), Path(ckpt), f"{tmp_path}/children.log")
-        assert landed == list(KILLS)
+        landed = kill_inside_and_between(lambda: start("stream"), [tmp_path / f"{m}-ckpt" for m in ACK_MODES],
+                                         f"{tmp_path}/children.log")
+        assert [sorted(x) for x in landed] == [sorted(KILLS)] * len(ACK_MODES), landed
         proc = start("final")
         try:
             proc.wait(400)
         finally:
             kill_group(proc)
-    got = json.loads(Path(result).read_text())
-    assert got["error"] is None, got["error"]
-    bodies = [b for b, _ in got["rows"]]
-    assert len(bodies) == 2 * count, f"{len(bodies)} rows for {2 * count} messages"
-    assert sorted(bodies) == sorted(b.decode() for b in expected(dests, count))
-    assert all(d == b.split("|")[0] for b, d in got["rows"])
-    assert leftovers_stomp(url, dests) == []
+    result = json.loads((tmp_path / "result.json").read_text())
+    for ack_mode, ds in dests.items():
+        got = result[ack_mode]
+        assert got["error"] is None, (ack_mode, got["error"])
+        bodies = [b for b, _ in got["rows"]]
+        assert len(bodies) == 2 * count, f"{ack_mode}: {len(bodies)} rows for {2 * count} messages"
+        assert sorted(bodies) == sorted(b.decode() for b in expected(ds, count)), ack_mode
+        assert all(d == b.split("|")[0] for b, d in got["rows"]), ack_mode
+    assert leftovers_stomp(url, [d for ds in dests.values() for d in ds]) == []
