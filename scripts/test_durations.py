@@ -1,7 +1,8 @@
 """tests/DURATIONS.md and tests/durations.json from a run's durations record.
 
 Every ``./dev test`` (tests/conftest.py) writes each test's setup / call / teardown seconds, the fixtures
-that took time in its setup, the brokers it started and what its own thread slept to
+that took time in its setup, the brokers it started, what its own thread slept and the CPU seconds it
+cost (its xdist worker's processes and all they started, where a cgroup can count them) to
 ``.test-durations.json``. After a full run (the whole suite, as CI runs it), ``./dev durations`` keeps it:
 tests/durations.json (the per-test seconds, which also order the next runs slowest first) and
 tests/DURATIONS.md (the summary: the slowest tests, time per file and per kind of fixture).
@@ -26,6 +27,10 @@ SLOWEST = 30
 
 def _total(t: dict) -> float:
     return t["setup"] + t["call"] + t["teardown"]
+
+
+def _cpu(t: dict) -> float:
+    return sum(seconds for _when, seconds in t.get("cpu", []))
 
 
 def _file(nodeid: str) -> str:
@@ -54,6 +59,8 @@ def render(record: dict) -> str:
     for t in tests:
         outcomes[t["outcome"]] += 1
     busy = sum(_total(t) for t in tests)
+    has_cpu = any("cpu" in t for t in tests)
+    cpu_all = sum(_cpu(t) for t in tests)
     lines = [
         "# Test durations",
         "",
@@ -69,24 +76,42 @@ def render(record: dict) -> str:
         "",
         "Under xdist the figures of one test include the wait for a core that the other workers' tests "
         "hold: they rank the tests, they are not each test's time alone.",
+    ]
+    if has_cpu:
+        lines += [
+            "",
+            f"CPU seconds of all tests: {_fmt(cpu_all)} s (on {_fmt(record['wall_seconds'])} s of wall time); a test's"
+            " CPU seconds are those of its worker's processes and everything they started (Spark drivers, JVMs,"
+            " Python workers, brokers) while it ran: the machine's 2 cores are what the workers share.",
+        ]
+    cpu_head, cpu_rule = (" CPU s |", "---|") if has_cpu else ("", "")
+    lines += [
         "",
         f"## The slowest {SLOWEST}",
         "",
-        "| # | test | total s | setup | call | teardown | worker |",
-        "|---|---|---|---|---|---|---|",
+        f"| # | test | total s | setup | call | teardown |{cpu_head} worker |",
+        f"|---|---|---|---|---|---|{cpu_rule}---|",
     ]
     for n, t in enumerate(sorted(tests, key=_total, reverse=True)[:SLOWEST], 1):
+        cpu_cell = f" {_fmt(_cpu(t))} |" if has_cpu else ""
         lines.append(f"| {n} | `{t['nodeid']}` | {_fmt(_total(t))} | {_fmt(t['setup'])} | {_fmt(t['call'])} | "
-                     f"{_fmt(t['teardown'])} | {t.get('worker', '')} |")
+                     f"{_fmt(t['teardown'])} |{cpu_cell} {t.get('worker', '')} |")
+    if has_cpu:
+        lines += ["", f"## The {SLOWEST} that cost the most CPU", "", "| # | test | CPU s | total s | worker |",
+                  "|---|---|---|---|---|"]
+        for n, t in enumerate(sorted(tests, key=_cpu, reverse=True)[:SLOWEST], 1):
+            lines.append(f"| {n} | `{t['nodeid']}` | {_fmt(_cpu(t))} | {_fmt(_total(t))} | {t.get('worker', '')} |")
 
     per_file: dict[str, list] = defaultdict(list)
     for t in tests:
         per_file[_file(t["nodeid"])].append(t)
-    lines += ["", "## Per file", "", "| file | tests | total s | share | slowest test s |", "|---|---|---|---|---|"]
+    lines += ["", "## Per file", "", f"| file | tests | total s | share | slowest test s |{cpu_head}",
+              f"|---|---|---|---|---|{cpu_rule}"]
     for name, ts in sorted(per_file.items(), key=lambda kv: -sum(_total(t) for t in kv[1])):
         total = sum(_total(t) for t in ts)
+        cpu_cell = f" {_fmt(sum(_cpu(t) for t in ts))} |" if has_cpu else ""
         lines.append(f"| `{name}` | {len(ts)} | {_fmt(total)} | {100 * total / busy if busy else 0:.1f}% | "
-                     f"{_fmt(max(_total(t) for t in ts))} |")
+                     f"{_fmt(max(_total(t) for t in ts))} |{cpu_cell}")
 
     kinds: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for t in tests:
@@ -110,19 +135,21 @@ def render(record: dict) -> str:
     for name, (count, seconds) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"| {name} | {count} | {_fmt(seconds)} |")
 
-    workers: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    workers: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
     for t in tests:
         w = workers[t.get("worker", "main")]
         w[0] += 1
         w[1] += _total(t)
-    lines += ["", "## Per worker", "", "| worker | tests | busy s |", "|---|---|---|"]
-    for name, (count, seconds) in sorted(workers.items()):
-        lines.append(f"| {name} | {count} | {_fmt(seconds)} |")
+        w[2] += _cpu(t)
+    lines += ["", "## Per worker", "", f"| worker | tests | busy s |{cpu_head}", f"|---|---|---|{cpu_rule}"]
+    for name, (count, seconds, cpu) in sorted(workers.items()):
+        cpu_cell = f" {_fmt(cpu)} |" if has_cpu else ""
+        lines.append(f"| {name} | {count} | {_fmt(seconds)} |{cpu_cell}")
     return "\n".join(lines) + "\n"
 
 
 def committed_form(record: dict) -> dict:
-    keep = ("nodeid", "setup", "call", "teardown", "outcome", "worker", "fixture", "broker-start", "slept")
+    keep = ("nodeid", "setup", "call", "teardown", "outcome", "worker", "fixture", "broker-start", "slept", "cpu")
     out = {k: record[k] for k in ("started", "wall_seconds", "exitstatus", "workers", "args") if k in record}
     out["tests"] = [{k: t[k] for k in keep if k in t} for t in record["tests"]]
     return out

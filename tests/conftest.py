@@ -6,7 +6,8 @@ Responsible for:
   `@pytest.mark.timeout(...)` a generous default limit (pytest-timeout, SIGALRM method, so fixture
   finalizers still run and brokers are stopped) so that no test can hang CI;
 - writing each test's setup / call / teardown seconds, the fixtures that took time in its setup, the
-  brokers it started and the seconds its own thread slept, to the durations file (`SPARK_MQ_DURATIONS`,
+  brokers it started, the seconds its own thread slept and the CPU seconds it cost (where the machine
+  lets a cgroup count them, see ``_CpuAccount``) to the durations file (`SPARK_MQ_DURATIONS`,
   default `.test-durations.json`; `scripts/test_durations.py` turns a full run's file into
   tests/DURATIONS.md and tests/durations.json);
 - under xdist: ordering the collection slowest first by the committed tests/durations.json (a module's
@@ -128,7 +129,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # -- the durations record ---------------------------------------------------------------------------
 
 _slept = threading.local()
-_STORE: dict = {}  # "record": the controller's durations record (absent in an xdist worker)
+# "record": the controller's durations record (absent in an xdist worker); "cpu": this process's _CpuAccount
+_STORE: dict = {}
 _real_sleep = time.sleep
 
 
@@ -140,8 +142,60 @@ def _counting_sleep(seconds: float) -> None:
     _real_sleep(seconds)
 
 
+class _CpuAccount:
+    """The CPU seconds of this pytest process and of every process it starts (Spark drivers and their JVMs
+    and Python workers, brokers, subprocesses): a cgroup (v1, ``cpuacct``) of its own, made inside the one
+    the process is in, which children inherit. Each test phase's CPU seconds go into its record. The suite
+    is bound by 2 cores: wall seconds rank what waits, CPU seconds what the workers share. A broker a
+    worker started counts in the test running when it works (for a shared broker, mostly the test that
+    sends it traffic). Where no cgroup can be made (not root, no cpuacct), nothing is counted."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self, name: str) -> None:
+        self.group: Path | None = None
+        self.parent: Path | None = None
+        try:
+            here = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                        if "cpuacct" in line.split(":", 2)[1].split(","))
+            self.parent = self.ROOT / here.strip("/")
+            group = self.parent / f"spark-mq-tests-{name}-{os.getpid()}"
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            self.group = group
+        except (OSError, StopIteration):
+            self.group = None
+        self.mark = self.now()
+
+    def now(self) -> float | None:
+        if self.group is None:
+            return None
+        try:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        except OSError:
+            return None
+
+    def since_mark(self) -> float | None:
+        now = self.now()
+        took = None if now is None or self.mark is None else now - self.mark
+        self.mark = now
+        return took
+
+    def close(self) -> None:
+        if self.group is None:
+            return
+        try:  # back to the group the process came from; the group goes once empty
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
+        except OSError:
+            pass  # a process it started is still alive: the empty group is left to the machine
+        self.group = None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     time.sleep = _counting_sleep
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    _STORE["cpu"] = _CpuAccount(worker)
     if not config.pluginmanager.has_plugin("spark-mq-fixture-timer"):
         config.pluginmanager.register(_FixtureTimer(), "spark-mq-fixture-timer")
     config._spark_mq_durations = {"tests": {}, "started": time.time(), "t0": time.monotonic()}
@@ -162,13 +216,29 @@ class _FixtureTimer:
             item.user_properties.append(("fixture", [fixturedef.argname, fixturedef.scope, round(took, 3)]))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cpu = _STORE.pop("cpu", None)
+    if cpu is not None:
+        cpu.close()
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    # the CPU a test costs starts with its setup, not with whatever ran since the last one
+    cpu = _STORE.get("cpu")
+    if cpu is not None:
+        cpu.since_mark()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
-    # before the report is made from the item: what this phase slept and which brokers it started
+    # before the report is made from the item: what this phase slept, cost and which brokers it started
     slept = getattr(_slept, "total", 0.0)
     _slept.total = 0.0
     if slept:
         item.user_properties.append(("slept", [call.when, round(slept, 3)]))
+    cpu = _STORE["cpu"].since_mark() if "cpu" in _STORE else None
+    if cpu is not None:
+        item.user_properties.append(("cpu", [call.when, round(cpu, 3)]))
     starts = getattr(item.config, "_spark_mq_broker_starts", None)
     while starts:
         kind, seconds = starts.pop(0)
@@ -198,7 +268,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown":
         extras: dict[str, list] = {}
         for key, value in report.user_properties:
-            if key in ("fixture", "slept", "broker-start"):
+            if key in ("fixture", "slept", "broker-start", "cpu"):
                 extras.setdefault(key, []).append(value)
         for key, values in extras.items():
             entry[key] = values

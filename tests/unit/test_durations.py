@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import json
 import sys
 from pathlib import Path
@@ -97,3 +98,37 @@ def test_the_record_keeps_a_grouped_tests_plain_id():
     assert conftest.plain_nodeid("tests/x.py::test_a[p]@test_x") == "tests/x.py::test_a[p]"
     assert conftest.plain_nodeid("tests/x.py::test_a[u@h]") == "tests/x.py::test_a[u@h]"
     assert conftest.plain_nodeid("tests/x.py::test_b") == "tests/x.py::test_b"
+
+
+def test_cpu_seconds_are_ranked_and_added_up_when_the_record_has_them():
+    record = _record()
+    record["tests"][0]["cpu"] = [["setup", 2.0], ["call", 30.0], ["teardown", 0.5]]
+    record["tests"][1]["cpu"] = [["call", 40.0]]  # a short test that cost more CPU than the slow one
+    record["tests"][2]["cpu"] = [["call", 0.25]]
+    text = td.render(td.committed_form(record))
+    assert "CPU seconds of all tests: 72.8 s" in text
+    costly = text.split("cost the most CPU", 1)[1].splitlines()
+    first = next(line for line in costly if line.startswith("| 1 |"))
+    assert "test_a.py::test_fast" in first and "| 40.0 |" in first
+    assert "| `tests/integration/test_a.py` | 2 | 47.0 | 99.6% | 46.0 | 72.5 |" in text
+    assert "| gw1 | 2 | 1.2 | 40.2 |" in text
+    assert "CPU" not in td.render(td.committed_form(_record()))  # a record without them: no CPU columns
+
+
+def test_the_cpu_account_counts_what_a_child_process_burns(tmp_path):
+    """The cgroup of tests/conftest.py (where the machine lets it be made): a child's CPU is counted."""
+    import subprocess
+
+    account = _conftest()._CpuAccount("unit-test")
+    try:
+        if account.group is None:  # made where the suite runs (root, cgroup v1 cpuacct); said, not skipped
+            assert not (account.ROOT / "cpuacct.usage").exists() or os.geteuid() != 0, \
+                "root with a cpuacct hierarchy, yet no group was made"
+            return
+        account.since_mark()
+        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                        "while time.process_time() - t < 0.5: pass"], check=True)
+        burnt = account.since_mark()
+        assert 0.4 <= burnt < 5.0, burnt
+    finally:
+        account.close()
