@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Generate ``spark_mq/protocol/amqp08/spec.py`` from ``specs/amqp0-8.xml``.
+"""Generate ``spark_mq/protocol/amqp08/spec.py`` from ``specs/amqp0-8.xml`` and
+``spark_mq/protocol/amqp08/spec091.py`` from ``specs/amqp-rabbitmq-0.9.1.json``.
 
 Offline and deterministic: the same XML always gives byte-identical output, and
-``tests/unit/amqp08/test_generated.py`` fails when the committed module differs from a fresh
-generation. Run ``python tools/gen_amqp08.py`` after changing the generator or the spec.
+``tests/unit/amqp08/test_generated.py`` fails when a committed module differs from a fresh
+generation. Run ``python tools/gen_amqp08.py`` after changing the generator or a spec. Both protocol
+versions go through the same loader shape and the same emitter: the two modules have the same names
+(``METHODS``, ``PROPERTIES``, ``ERRORS``, ``PROTOCOL_HEADER``, one class per method), so what differs
+between 0-8 and 0-9-1 is in the tables, not in the code that uses them.
 
 What is emitted, per the house style (pika's straight-line generated code, pamqp's error classes):
 - constants: frame types, frame-end, frame-min-size, reply codes (with soft/hard class);
@@ -21,6 +25,7 @@ import argparse
 import builtins
 import keyword
 import sys
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -28,6 +33,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "amqp0-8.xml"
 OVERLAY = ROOT / "specs" / "amqp0-8-rabbitmq.xml"
 OUT = ROOT / "spark_mq" / "protocol" / "amqp08" / "spec.py"
+SPEC_091 = ROOT / "specs" / "amqp-rabbitmq-0.9.1.json"
+OUT_091 = ROOT / "spark_mq" / "protocol" / "amqp08" / "spec091.py"
+# Who receives each 0-9-1 method that 0-8 (spec and RabbitMQ's dialect) does not have: the JSON
+# specification names no chassis. From the 0-9-1 specification text and RabbitMQ's extensions page.
+CHASSIS_091 = {
+    "connection.blocked": ["client"], "connection.unblocked": ["client"],
+    "connection.update-secret": ["server"], "connection.update-secret-ok": ["client"],
+    "exchange.bind": ["server"], "exchange.bind-ok": ["client"],
+    "exchange.unbind": ["server"], "exchange.unbind-ok": ["client"],
+    "basic.nack": ["client", "server"],  # a consumer's reject of many; the broker's under confirms
+    "confirm.select": ["server"], "confirm.select-ok": ["client"],
+}
 
 FIXED = {"octet": "B", "short": "H", "long": "I", "longlong": "Q", "timestamp": "Q"}
 DEFAULTS = {
@@ -88,6 +105,49 @@ def load(path: Path):
                 m["responses"] = [m["name"] + "-ok"]
         classes.append({"name": c.get("name"), "index": int(c.get("index")), "props": props, "methods": methods})
     return (int(root.get("major")), int(root.get("minor")), int(root.get("port"))), constants, classes
+
+
+def _chassis_08() -> dict[str, list[str]]:
+    out = {}
+    for path in (SPEC, OVERLAY):
+        for c in ET.parse(path).getroot().findall("class"):
+            for m in c.findall("method"):
+                out[f"{c.get('name')}.{m.get('name')}"] = sorted(ch.get("name") for ch in m.findall("chassis"))
+    return out
+
+
+def load_json(path: Path):
+    """RabbitMQ's JSON specification (rabbitmq-codegen) in the shape ``load`` gives for the XML: constant
+    names lower case with spaces ("not found"), error classes "soft error"/"hard error"; the chassis of
+    a method 0-8 has too are 0-8's, the others' are ``CHASSIS_091``'s."""
+    root = json.loads(path.read_text())
+    domains = dict(root["domains"])
+    chassis = {**_chassis_08(), **CHASSIS_091}
+
+    def field(arg):
+        return Field(arg["name"], arg.get("type") or domains[arg["domain"]])
+
+    constants = [(c["name"].lower().replace("-", " "), int(c["value"]),
+                  c["class"].replace("-", " ") if "class" in c else None) for c in root["constants"]]
+    classes = []
+    for c in root["classes"]:
+        methods = []
+        for m in c["methods"]:
+            name = f"{c['name']}.{m['name']}"
+            if name not in chassis:
+                raise SystemExit(f"{path.name}: {name} names no chassis: add it to CHASSIS_091")
+            methods.append({
+                "name": m["name"], "index": int(m["id"]), "sync": bool(m.get("synchronous")),
+                "content": bool(m.get("content")), "responses": [], "chassis": chassis[name],
+                "fields": [field(a) for a in m.get("arguments", [])],
+            })
+        names = {m["name"] for m in methods}
+        for m in methods:  # the JSON names no responses: a synchronous "x" is answered by "x-ok"
+            if m["sync"] and not m["name"].endswith("-ok") and m["name"] + "-ok" in names:
+                m["responses"] = [m["name"] + "-ok"]
+        classes.append({"name": c["name"], "index": int(c["id"]), "methods": methods,
+                        "props": [field(a) for a in c.get("properties", [])]})
+    return (int(root["major-version"]), int(root["minor-version"]), int(root["port"])), constants, classes
 
 
 def groups(fields):
@@ -191,8 +251,24 @@ def emit_encode_fields(e: Emitter, fields, indent: str, target: str) -> None:
 
 
 def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
-    (major, minor, port), constants, classes = load(spec_path)
+    """spec.py: AMQP 0-8 from the XML, with RabbitMQ's 0-8 dialect (the overlay) beside it."""
+    version, constants, classes = load(spec_path)
     _v, _c, overlay = load(overlay_path)
+    return _generate(version, constants, classes, overlay, title="AMQP 0-8", source=spec_path.name,
+                     header="# RabbitMQ's header for 0-8 (the spec's own numbering calls it 8-0): 'AMQP' 1 1 8 0.\n"
+                            'PROTOCOL_HEADER = b"AMQP\\x01\\x01\\x08\\x00"')
+
+
+def generate_091(spec_path: Path = SPEC_091) -> str:
+    """spec091.py: AMQP 0-9-1 from RabbitMQ's JSON, which holds its errata and extensions already."""
+    version, constants, classes = load_json(spec_path)
+    return _generate(version, constants, classes, [], title="AMQP 0-9-1", source=spec_path.name,
+                     header="# 'AMQP' 0 0 9 1: the header every RabbitMQ since 2.0 accepts, and the only one 4.x does\n"
+                            'PROTOCOL_HEADER = b"AMQP\\x00\\x00\\x09\\x01"')
+
+
+def _generate(version, constants, classes, overlay, *, title: str, source: str, header: str) -> str:
+    major, minor, port = version
     e = Emitter()
     body = Emitter()
     body.structs = e.structs
@@ -202,8 +278,8 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     body.w(f"VERSION_MAJOR = {major}")
     body.w(f"VERSION_MINOR = {minor}")
     body.w(f"DEFAULT_PORT = {port}")
-    body.w("# RabbitMQ's header for 0-8 (the spec's own numbering calls it 8-0): 'AMQP' 1 1 8 0.")
-    body.w('PROTOCOL_HEADER = b"AMQP\\x01\\x01\\x08\\x00"')
+    for line in header.splitlines():
+        body.w(line)
     body.w()
     body.w("")
     body.w("class FrameType(IntEnum):")
@@ -308,16 +384,20 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     body.w(")}")
     body.w("#: 'class.method' -> method class of the spec")
     body.w("METHODS_BY_NAME = {cls.NAME: cls for cls in METHODS.values()}")
-    body.w("#: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.")
-    body.w("RABBITMQ_METHODS = {cls.NAME: cls for cls in (")
-    for _c, _m, cname in rabbit_registry:
-        body.w(f"    {cname},")
-    body.w(")}")
-    body.w("#: replies only RabbitMQ sends, decoded alongside the spec's methods")
-    body.w("for _cls in RABBITMQ_METHODS.values():")
-    body.w("    if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:")
-    body.w("        METHODS[_cls.INDEX] = _cls")
-    body.w("del _cls")
+    if not rabbit_registry:
+        body.w("#: RabbitMQ's dialect: none beside this specification (RabbitMQ's own, errata included)")
+        body.w("RABBITMQ_METHODS: dict = {}")
+    else:
+        body.w("#: RabbitMQ's dialect (specs/amqp0-8-rabbitmq.xml): methods it adds or encodes differently.")
+        body.w("RABBITMQ_METHODS = {cls.NAME: cls for cls in (")
+        for _c, _m, cname in rabbit_registry:
+            body.w(f"    {cname},")
+        body.w(")}")
+        body.w("#: replies only RabbitMQ sends, decoded alongside the spec's methods")
+        body.w("for _cls in RABBITMQ_METHODS.values():")
+        body.w("    if _cls.SERVER_MAY_SEND and _cls.INDEX not in METHODS:")
+        body.w("        METHODS[_cls.INDEX] = _cls")
+        body.w("del _cls")
 
     # --- properties
     body.w()
@@ -420,9 +500,9 @@ def generate(spec_path: Path = SPEC, overlay_path: Path = OVERLAY) -> str:
     body.w("}")
 
     # --- header
-    e.w('"""AMQP 0-8 method, property and error tables.')
+    e.w(f'"""{title} method, property and error tables.')
     e.w()
-    e.w("GENERATED by tools/gen_amqp08.py from specs/amqp0-8.xml: do not edit by hand.")
+    e.w(f"GENERATED by tools/gen_amqp08.py from specs/{source}: do not edit by hand.")
     e.w("tests/unit/amqp08/test_generated.py checks that regeneration changes nothing.")
     e.w('"""')
     e.w()
@@ -489,15 +569,16 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed module is stale")
     args = ap.parse_args(argv)
-    text = generate()
-    if args.check:
-        if OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run tools/gen_amqp08.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    stale = 0
+    for out, text in ((OUT, generate()), (OUT_091, generate_091())):
+        if args.check:
+            if not out.exists() or out.read_text() != text:
+                print(f"{out.relative_to(ROOT)} is stale: run tools/gen_amqp08.py", file=sys.stderr)
+                stale = 1
+            continue
+        out.write_text(text)
+        print(f"wrote {out.relative_to(ROOT)}")
+    return stale
 
 
 if __name__ == "__main__":
