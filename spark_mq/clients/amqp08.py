@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
@@ -42,7 +43,7 @@ from spark_mq.clients.amqp08_channel import (
 from spark_mq.errors import ConnectionClosedError, LocalProtocolError, RemoteProtocolError, SparkMqError
 from spark_mq.protocol.amqp08 import spec
 from spark_mq.protocol.amqp08.connection import Connection as ProtocolConnection
-from spark_mq.protocol.amqp08.errors import AuthenticationError, ConnectionRedirect
+from spark_mq.protocol.amqp08.errors import AuthenticationError, ConnectionRedirect, ProtocolRefused
 from spark_mq.protocol.amqp08.events import (
     ChannelClosed,
     ChannelOpened,
@@ -63,7 +64,6 @@ __all__ = ["Connection", "Channel", "Message", "BasicProperties", "TimeoutError"
 DEFAULT_MAX_BUFFERED_MESSAGES = 10_000
 #: Body bytes of those deliveries before it stops reading.
 DEFAULT_MAX_BUFFERED_BYTES = 16 << 20
-_BasicDeliver = spec.BasicDeliver
 
 
 def parse_url(url: str) -> dict:
@@ -84,8 +84,21 @@ def parse_url(url: str) -> dict:
     return kwargs
 
 
+#: the values of ``Connection(protocol=...)`` and of the amqp08 format's option ``protocol``
+PROTOCOLS = ("0-8", "0-9-1", "auto")
+
+
+def _methods_for(tables, dialect: str) -> SimpleNamespace:
+    """``methods.BasicConsume`` and the like: the class to send for each method name of ``tables``;
+    RabbitMQ's 0-8 classes (``RabbitBasicConsume``...) under the names of the spec's they replace."""
+    names = {cls.__name__: cls for cls in tables.METHODS_BY_NAME.values()}
+    if dialect == "rabbitmq":
+        names.update({cls.__name__[len("Rabbit"):]: cls for cls in tables.RABBITMQ_METHODS.values()})
+    return SimpleNamespace(**names)
+
+
 class Connection:
-    """A blocking AMQP 0-8 connection. Thread-safe; channels may be used from different threads."""
+    """A blocking AMQP 0-8 or 0-9-1 connection. Thread-safe; channels may be used from different threads."""
 
     def __init__(
         self,
@@ -106,19 +119,43 @@ class Connection:
         dialect: str = "auto",
         max_buffered_messages: Optional[int] = DEFAULT_MAX_BUFFERED_MESSAGES,
         max_buffered_bytes: Optional[int] = DEFAULT_MAX_BUFFERED_BYTES,
+        protocol: str = "0-8",
     ) -> None:
         """``max_buffered_messages``/``max_buffered_bytes``: what the connection holds of deliveries
         not yet taken before its reader stops reading the socket (None: no bound); the reader may
-        pass them by one socket read (256 KiB), or by what arrives while a call waits for a reply."""
+        pass them by one socket read (256 KiB), or by what arrives while a call waits for a reply.
+        ``protocol``: "0-8", "0-9-1", or "auto" (offer 0-9-1; offer 0-8 on a new socket only when the
+        broker answers 0-9-1's header with 0-8's). A broker that speaks neither fails with
+        ``ProtocolRefused``, naming what it speaks."""
         if dialect not in ("auto", "spec", "rabbitmq"):
             raise LocalProtocolError(f"dialect must be auto, spec or rabbitmq, not {dialect!r}")
+        if protocol not in PROTOCOLS:
+            raise LocalProtocolError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+        try:
+            self._open(host, port, username, password, virtual_host, heartbeat, frame_max, channel_max,
+                       mechanism, tls, connect_timeout, client_properties, insist, dialect, max_buffered_messages,
+                       max_buffered_bytes, "0-9-1" if protocol == "auto" else protocol)
+        except ProtocolRefused as exc:
+            if protocol != "auto" or exc.fits != "0-8":
+                raise
+            self._open(host, port, username, password, virtual_host, heartbeat, frame_max, channel_max,
+                       mechanism, tls, connect_timeout, client_properties, insist, dialect, max_buffered_messages,
+                       max_buffered_bytes, "0-8")
+
+    def _open(self, host, port, username, password, virtual_host, heartbeat, frame_max, channel_max, mechanism,
+              tls, connect_timeout, client_properties, insist, dialect, max_buffered_messages, max_buffered_bytes,
+              protocol: str) -> None:
         self.host = host
         self.port = port
         self.virtual_host = virtual_host
         self._proto = ProtocolConnection(
             username, password, virtual_host, mechanism=mechanism, heartbeat=heartbeat, frame_max=frame_max,
-            channel_max=channel_max, client_properties=client_properties, insist=insist,
+            channel_max=channel_max, client_properties=client_properties, insist=insist, protocol=protocol,
         )
+        #: the protocol version spoken ("0-8" or "0-9-1") and its generated tables
+        self.protocol = protocol
+        self.spec = self._proto.spec
+        self._deliver_cls = self.spec.BasicDeliver
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._channels: dict[int, Channel] = {}
@@ -168,7 +205,11 @@ class Connection:
         if dialect == "auto":
             dialect = "rabbitmq" if self.server_properties.get("product") == "RabbitMQ" else "spec"
         #: "rabbitmq": speak RabbitMQ's 0-8 (specs/amqp0-8-rabbitmq.xml) where it differs from the spec
+        #: (0-9-1's tables are RabbitMQ's own already)
         self.dialect = dialect
+        #: the method classes this connection sends, by the spec's names: 0-8's RabbitMQ dialect where it
+        #: applies (basic.consume without arguments, the synchronous basic.recover, queue.unbind)
+        self.methods = _methods_for(self.spec, dialect)
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> "Connection":
@@ -265,6 +306,8 @@ class Connection:
         with self._lock:
             try:
                 events = self._proto.receive_data(data, _monotonic())
+            except ProtocolRefused:
+                raise  # the broker speaks another protocol: nothing of ours to tell it (and it hung up)
             except RemoteProtocolError as exc:
                 # tell the broker why before the driver drops the socket (best effort)
                 try:
@@ -280,6 +323,7 @@ class Connection:
 
     def _dispatch(self, events) -> None:
         channels = self._channels
+        deliver_cls = self._deliver_cls
         held = nbytes = 0  # deliveries queued for the application by this read
         for ev in events:
             kind = type(ev)
@@ -287,7 +331,7 @@ class Connection:
                 ch = channels.get(ev[0])
                 if ch is not None:
                     method = ev[1]
-                    if type(method) is _BasicDeliver:  # the common case, inline
+                    if type(method) is deliver_cls:  # the common case, inline
                         callbacks = ch._callbacks
                         callback = callbacks.get(method.consumer_tag) if callbacks else None
                         if callback is None:
@@ -302,7 +346,7 @@ class Connection:
             elif kind is MethodReceived:
                 ch = channels.get(ev.channel)
                 if ch is not None:
-                    if ch._pending_callback is not None and type(ev.method) is spec.BasicConsumeOk:
+                    if ch._pending_callback is not None and type(ev.method) is self.spec.BasicConsumeOk:
                         # register before any later event of this batch: the consumer's first
                         # deliveries may follow consume-ok in the same read
                         ch._callbacks[ev.method.consumer_tag] = ch._pending_callback

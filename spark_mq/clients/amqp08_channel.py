@@ -20,6 +20,8 @@ from spark_mq.protocol.amqp08.events import ContentReceived
 from spark_mq.protocol.amqp08.frames import method_frame
 from spark_mq.protocol.amqp08.spec import BasicProperties
 
+_DELIVER, _RETURN = spec.BasicDeliver.INDEX, spec.BasicReturn.INDEX  # the same in 0-8 and 0-9-1
+
 DEFAULT_TIMEOUT = 30.0
 _monotonic = time.monotonic
 
@@ -104,13 +106,13 @@ class Channel:
     def _on_content(self, ev: ContentReceived) -> bool:
         method = ev[1]
         kind = type(method)
-        if kind is spec.BasicDeliver:
+        if kind.INDEX == _DELIVER:
             callback = self._callbacks.get(method.consumer_tag) if self._callbacks else None
             if callback is None:
                 self._deliveries.append(Message(ev, self))
                 return True
             callback(Message(ev, self))
-        elif kind is spec.BasicReturn:
+        elif kind.INDEX == _RETURN:
             msg = Message(ev, self)
             if self.on_return is not None:
                 self.on_return(msg)
@@ -147,7 +149,7 @@ class Channel:
             conn._flush()
             if not method.RESPONSES or getattr(method, "nowait", False):
                 if barrier:
-                    self.call(spec.ChannelFlow(active=True), timeout)
+                    self.call(self.connection.methods.ChannelFlow(active=True), timeout)
                 return None
             return self._await_reply(method.RESPONSES, timeout, method.NAME)
 
@@ -164,7 +166,7 @@ class Channel:
             if self._error is not None:
                 raise self._error
         reply = self._replies.popleft()
-        rtype = spec.BasicGetOk if isinstance(reply, Message) else type(reply)
+        rtype = self.connection.methods.BasicGetOk if isinstance(reply, Message) else type(reply)
         if rtype not in responses:  # the state machine checked the order; this guards the facade
             raise LocalProtocolError(f"reply {rtype.NAME} does not answer {name}")
         return reply
@@ -193,7 +195,7 @@ class Channel:
             conn._flush()
             if not method.RESPONSES:
                 if barrier:
-                    self.call(spec.ChannelFlow(active=True), timeout)
+                    self.call(self.connection.methods.ChannelFlow(active=True), timeout)
                 return None
             return self._await_reply(method.RESPONSES, timeout, method.NAME)
 
@@ -201,7 +203,7 @@ class Channel:
 
     def access_request(self, realm: str = "/data", *, exclusive: bool = False, passive: bool = True,
                        active: bool = True, write: bool = True, read: bool = True) -> int:
-        ok = self.call(spec.AccessRequest(realm=realm, exclusive=exclusive, passive=passive, active=active,
+        ok = self.call(self.connection.methods.AccessRequest(realm=realm, exclusive=exclusive, passive=passive, active=active,
                                           write=write, read=read))
         self.ticket = ok.ticket
         return ok.ticket
@@ -209,24 +211,24 @@ class Channel:
     def exchange_declare(self, exchange: str, type: str = "direct", *, passive: bool = False,  # noqa: A002
                          durable: bool = False, auto_delete: bool = False, internal: bool = False,
                          nowait: bool = False, arguments: Optional[dict] = None) -> None:
-        self.call(spec.ExchangeDeclare(ticket=self.ticket, exchange=exchange, type=type, passive=passive,
+        self.call(self.connection.methods.ExchangeDeclare(ticket=self.ticket, exchange=exchange, type=type, passive=passive,
                                        durable=durable, auto_delete=auto_delete, internal=internal,
                                        nowait=nowait, arguments=arguments))
 
     def exchange_delete(self, exchange: str, *, if_unused: bool = False, nowait: bool = False) -> None:
-        self.call(spec.ExchangeDelete(ticket=self.ticket, exchange=exchange, if_unused=if_unused, nowait=nowait))
+        self.call(self.connection.methods.ExchangeDelete(ticket=self.ticket, exchange=exchange, if_unused=if_unused, nowait=nowait))
 
     def queue_declare(self, queue: str = "", *, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False, nowait: bool = False,
                       arguments: Optional[dict] = None) -> Optional[spec.QueueDeclareOk]:
         """Declare a queue; returns declare-ok with ``queue``, ``message_count``, ``consumer_count``."""
-        return self.call(spec.QueueDeclare(ticket=self.ticket, queue=queue, passive=passive, durable=durable,
+        return self.call(self.connection.methods.QueueDeclare(ticket=self.ticket, queue=queue, passive=passive, durable=durable,
                                            exclusive=exclusive, auto_delete=auto_delete, nowait=nowait,
                                            arguments=arguments))
 
     def queue_bind(self, queue: str, exchange: str, routing_key: str = "", *, nowait: bool = False,
                    arguments: Optional[dict] = None) -> None:
-        self.call(spec.QueueBind(ticket=self.ticket, queue=queue, exchange=exchange, routing_key=routing_key,
+        self.call(self.connection.methods.QueueBind(ticket=self.ticket, queue=queue, exchange=exchange, routing_key=routing_key,
                                  nowait=nowait, arguments=arguments))
 
     def queue_unbind(self, queue: str, exchange: str, routing_key: str = "", *,
@@ -234,23 +236,23 @@ class Channel:
         """Remove a binding (a RabbitMQ extension of 0-8; the spec has no queue.unbind)."""
         if self.connection.dialect != "rabbitmq":
             raise LocalProtocolError("queue.unbind is a RabbitMQ extension, not part of AMQP 0-8")
-        self.call(spec.RabbitQueueUnbind(ticket=self.ticket, queue=queue, exchange=exchange,
+        self.call(self.connection.methods.QueueUnbind(ticket=self.ticket, queue=queue, exchange=exchange,
                                          routing_key=routing_key, arguments=arguments))
 
     def queue_purge(self, queue: str, *, nowait: bool = False) -> Optional[int]:
-        ok = self.call(spec.QueuePurge(ticket=self.ticket, queue=queue, nowait=nowait))
+        ok = self.call(self.connection.methods.QueuePurge(ticket=self.ticket, queue=queue, nowait=nowait))
         return ok.message_count if ok is not None else None
 
     def queue_delete(self, queue: str, *, if_unused: bool = False, if_empty: bool = False,
                      nowait: bool = False) -> Optional[int]:
-        ok = self.call(spec.QueueDelete(ticket=self.ticket, queue=queue, if_unused=if_unused,
+        ok = self.call(self.connection.methods.QueueDelete(ticket=self.ticket, queue=queue, if_unused=if_unused,
                                         if_empty=if_empty, nowait=nowait))
         return ok.message_count if ok is not None else None
 
     # -- basic --------------------------------------------------------------------------------
 
     def basic_qos(self, prefetch_count: int = 0, prefetch_size: int = 0, global_: bool = False) -> None:
-        self.call(spec.BasicQos(prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_))
+        self.call(self.connection.methods.BasicQos(prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_))
 
     def basic_consume(self, queue: str, consumer_tag: str = "", *, no_ack: bool = False, no_local: bool = False,
                       exclusive: bool = False, arguments: Optional[dict] = None,
@@ -262,14 +264,15 @@ class Channel:
         the fastest path). The callback must return quickly and must not wait for broker replies
         (``basic_ack`` is fine: it has none); an exception it raises ends the connection.
         """
-        if self.connection.dialect == "rabbitmq":
+        consume = self.connection.methods.BasicConsume
+        if "arguments" not in consume.FIELDS:
             if arguments:
                 raise LocalProtocolError("RabbitMQ's AMQP 0-8 basic.consume has no arguments table")
-            method = spec.RabbitBasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
-                                             no_local=no_local, no_ack=no_ack, exclusive=exclusive)
+            method = consume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
+                             no_local=no_local, no_ack=no_ack, exclusive=exclusive)
         else:
-            method = spec.BasicConsume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
-                                       no_local=no_local, no_ack=no_ack, exclusive=exclusive, arguments=arguments)
+            method = consume(ticket=self.ticket, queue=queue, consumer_tag=consumer_tag,
+                             no_local=no_local, no_ack=no_ack, exclusive=exclusive, arguments=arguments)
         conn = self.connection
         with conn._cv:
             # The broker sends consume-ok before the consumer's first delivery; the reader thread
@@ -283,7 +286,7 @@ class Channel:
         return ok.consumer_tag
 
     def basic_cancel(self, consumer_tag: str) -> None:
-        self.call(spec.BasicCancel(consumer_tag=consumer_tag))
+        self.call(self.connection.methods.BasicCancel(consumer_tag=consumer_tag))
         self._consumers.discard(consumer_tag)
         self._callbacks.pop(consumer_tag, None)
 
@@ -293,7 +296,7 @@ class Channel:
         conn = self.connection
         with conn._cv:
             self._wait_flow(timeout)
-            conn._proto.send_content(self.number, spec.BasicPublish(
+            conn._proto.send_content(self.number, conn.methods.BasicPublish(
                 ticket=self.ticket, exchange=exchange, routing_key=routing_key, mandatory=mandatory,
                 immediate=immediate), properties, body)
             conn._flush()
@@ -305,7 +308,7 @@ class Channel:
         conn = self.connection
         proto = conn._proto
         send_content = proto.send_content
-        publish = spec.BasicPublish
+        publish = conn.methods.BasicPublish
         number = self.number
         ticket = self.ticket
         count = 0
@@ -340,22 +343,19 @@ class Channel:
 
     def basic_get(self, queue: str, *, no_ack: bool = False, timeout: float = DEFAULT_TIMEOUT) -> Optional[Message]:
         """Fetch one message, or None when the queue is empty."""
-        reply = self.call(spec.BasicGet(ticket=self.ticket, queue=queue, no_ack=no_ack), timeout)
+        reply = self.call(self.connection.methods.BasicGet(ticket=self.ticket, queue=queue, no_ack=no_ack), timeout)
         return reply if isinstance(reply, Message) else None
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.call(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
+        self.call(self.connection.methods.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        self.call(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
+        self.call(self.connection.methods.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
 
     def basic_recover(self, requeue: bool = True, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Redeliver unacknowledged messages (requeue=True: possibly to other consumers) and wait
         for recover-ok (RabbitMQ's synchronous 110/111 in its dialect, the spec's 100/101 otherwise)."""
-        if self.connection.dialect == "rabbitmq":
-            self.call(spec.RabbitBasicRecover(requeue=requeue), timeout)
-        else:
-            self.call(spec.BasicRecover(requeue=requeue), timeout)
+        self.call(self.connection.methods.BasicRecover(requeue=requeue), timeout)
 
     @property
     def pending_messages(self) -> int:
@@ -429,17 +429,17 @@ class Channel:
     # -- tx, flow, close ----------------------------------------------------------------------
 
     def tx_select(self) -> None:
-        self.call(spec.TxSelect())
+        self.call(self.connection.methods.TxSelect())
 
     def tx_commit(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.call(spec.TxCommit(), timeout)
+        self.call(self.connection.methods.TxCommit(), timeout)
 
     def tx_rollback(self, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.call(spec.TxRollback(), timeout)
+        self.call(self.connection.methods.TxRollback(), timeout)
 
     def flow(self, active: bool) -> bool:
         """Ask the broker to pause (False) or resume (True) deliveries; returns the broker's answer."""
-        return self.call(spec.ChannelFlow(active=active)).active
+        return self.call(self.connection.methods.ChannelFlow(active=active)).active
 
     def close(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         conn = self.connection

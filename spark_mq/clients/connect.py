@@ -36,10 +36,13 @@ _REFUSAL_CODES = frozenset({403, 404, 406, 530})
 
 def refusal(exc: BaseException) -> bool:
     """The broker refused the options themselves (retrying them cannot help): a ``BrokerRefusedError``
-    from connecting, or an AMQP channel or connection closed with 403, 404, 406 or 530."""
+    from connecting, an AMQP channel or connection closed with 403, 404, 406 or 530, or an AMQP protocol
+    header answered with another (the broker does not speak the version offered: option ``protocol``)."""
     if isinstance(exc, BrokerRefusedError):
         return True
-    from spark_mq.protocol.amqp08.errors import AMQPError
+    from spark_mq.protocol.amqp08.errors import AMQPError, ProtocolRefused
+    if isinstance(exc, ProtocolRefused):
+        return True
     return isinstance(exc, AMQPError) and exc.reply_code in _REFUSAL_CODES
 
 _DEFAULT_PORTS = {AMQP08: (5672, 5671), STOMP: (61613, 61614), MALAMUTE: (9999, 9999)}

@@ -1,8 +1,10 @@
-"""Sans-IO AMQP 0-8 connection and channel state machine.
+"""Sans-IO AMQP 0-8 and 0-9-1 connection and channel state machine.
 
 Bytes in (``receive_data``), events out; commands in (``open_channel``, ``send_method``,
 ``send_content``...), bytes out (``data_to_send``). The clock is an argument (``tick(now)``).
-No sockets, threads or time calls here.
+No sockets, threads or time calls here. The protocol version is the tables the connection is given
+(``protocol``: ``spec`` for 0-8, ``spec091`` for 0-9-1, the same generated names): its header, method
+numbering and the methods only one version has (0-8's connection.redirect and channel.alert) are data.
 
 Responsibilities: the handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
 secure/secure-ok, tune/tune-ok negotiation, open/open-ok or redirect), close in both directions,
@@ -24,13 +26,14 @@ from struct import Struct
 from typing import Callable, Optional
 
 from spark_mq.errors import LocalProtocolError, RemoteProtocolError
-from spark_mq.protocol.amqp08 import spec
+from spark_mq.protocol.amqp08 import spec, spec091
 from spark_mq.protocol.amqp08.codec import Method, Properties, encode_table
 from spark_mq.protocol.amqp08.errors import (
     AMQPChannelError,
     AMQPConnectionError,
     AMQPError,
     AuthenticationError,
+    ProtocolRefused,
 )
 from spark_mq.protocol.amqp08.events import (
     Alert,
@@ -59,20 +62,26 @@ from spark_mq.protocol.amqp08.frames import (
 
 _METHOD, _HEADER, _BODY, _HEARTBEAT = (int(spec.FrameType.METHOD), int(spec.FrameType.HEADER),
                                        int(spec.FrameType.BODY), int(spec.FrameType.HEARTBEAT))
-_METHODS = spec.METHODS
+#: the protocol versions a connection speaks: ``protocol`` -> its generated tables
+SPECS = {"0-8": spec, "0-9-1": spec091}
 _DELIVER_INDEX = spec.BasicDeliver.INDEX
+assert _DELIVER_INDEX == spec091.BasicDeliver.INDEX  # basic.deliver is (60, 60) in both
 _new_content = tuple.__new__
-_PROPERTIES = spec.PROPERTIES  # every content method's class has a properties class
-_FRAME_TYPES = frozenset(int(t) for t in spec.FrameType)
+_FRAME_TYPES = frozenset(int(t) for t in spec.FrameType)  # 0-8's: a superset of 0-9-1's
 _FRAME_END = spec.FRAME_END
+_FRAME_MIN_SIZE = spec.FRAME_MIN_SIZE
+assert (_FRAME_END, _FRAME_MIN_SIZE) == (spec091.FRAME_END, spec091.FRAME_MIN_SIZE)
 _unpack_frame_header = Struct(">BHI").unpack_from
 _unpack_class = Struct(">H").unpack_from
 _unpack_index = Struct(">I").unpack_from
 _unpack_body_size = Struct(">Q").unpack_from
 _unpack_header_frame = Struct(">BHIHHQ").unpack_from  # frame header + class, weight, body size
-_decode_deliver = spec.BasicDeliver.decode
-#: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
-_REPLIES = frozenset(r for m in (*_METHODS.values(), *spec.RABBITMQ_METHODS.values()) for r in m.RESPONSES)
+#: per protocol: methods that only ever answer a request (queue.declare-ok, channel.flow-ok, basic.get-empty...)
+_REPLIES = {name: frozenset(r for m in (*t.METHODS.values(), *t.RABBITMQ_METHODS.values()) for r in m.RESPONSES)
+            for name, t in SPECS.items()}
+
+
+_BASIC = 60
 
 
 def _properties(cls, buf, start: int, end: int):
@@ -84,10 +93,10 @@ def _properties(cls, buf, start: int, end: int):
             return props
         error = f"the properties take {stop - start} bytes, the frame has {end - start}"
     except (*DECODE_ERRORS, RemoteProtocolError, RecursionError) as exc:
-        if cls is not spec.BasicProperties:
+        if cls.CLASS_ID != _BASIC:
             raise
         error = f"{type(exc).__name__}: {exc}"
-    if cls is not spec.BasicProperties:
+    if cls.CLASS_ID != _BASIC:
         raise RemoteProtocolError(f"content header of class {cls.CLASS_ID}: {error}")
     return UndecodableProperties(bytes(buf[start:end]), error)
 
@@ -156,11 +165,24 @@ class Connection:
         client_properties: Optional[dict] = None,
         insist: bool = False,
         secure_handler: Optional[Callable[[bytes], bytes]] = None,
+        protocol: str = "0-8",
     ) -> None:
+        if protocol not in SPECS:
+            raise LocalProtocolError(f"unknown AMQP protocol {protocol!r}; use one of {sorted(SPECS)}")
+        self.protocol = protocol
+        self.spec = spec = SPECS[protocol]
+        self._methods = spec.METHODS
+        self._properties_of = spec.PROPERTIES  # every content method's class has a properties class
+        self._basic_properties = spec.BasicProperties
+        self._decode_deliver = spec.BasicDeliver.decode
+        self._replies = _REPLIES[protocol]
+        # the methods only one version has: None where this one has not
+        self._redirect = getattr(spec, "ConnectionRedirect", None)
+        self._alert = getattr(spec, "ChannelAlert", None)
         if mechanism not in MECHANISMS:
             raise LocalProtocolError(f"unsupported SASL mechanism {mechanism!r}; use one of {sorted(MECHANISMS)}")
-        if frame_max and frame_max < spec.FRAME_MIN_SIZE:
-            raise LocalProtocolError(f"frame_max {frame_max} is below the protocol minimum {spec.FRAME_MIN_SIZE}")
+        if frame_max and frame_max < _FRAME_MIN_SIZE:
+            raise LocalProtocolError(f"frame_max {frame_max} is below the protocol minimum {_FRAME_MIN_SIZE}")
         self._username = username
         self._password = password
         self.virtual_host = virtual_host
@@ -199,7 +221,7 @@ class Connection:
         """The protocol header; the first bytes to send."""
         if self.state is not ConnState.AWAIT_START or self._out:
             raise LocalProtocolError("initiate() must be the first call on a new connection")
-        return spec.PROTOCOL_HEADER
+        return self.spec.PROTOCOL_HEADER
 
     def data_to_send(self) -> bytes:
         """Everything queued for the wire since the last call, as one bytes object."""
@@ -224,18 +246,16 @@ class Connection:
             if not data:
                 return []
             if data[:1] == b"A":
-                # a server that does not speak 0-8 answers with the header it does speak
-                # (no frame type starts with "A", so one byte is enough to tell)
-                raise RemoteProtocolError(
-                    f"broker refused AMQP 0-8 and offered protocol header {bytes(data[:8])!r}"
-                )
+                # a server that does not speak the version offered answers with the header it does
+                # speak (no frame type starts with "A", so one byte is enough to tell)
+                raise ProtocolRefused(self.protocol, bytes(data[:8]))
             self._header_checked = True
         events: list[Event] = []
         buf = self._buf
         buf += data
         n = len(buf)
         o = 0
-        limit = self.frame_max or spec.FRAME_MIN_SIZE
+        limit = self.frame_max or _FRAME_MIN_SIZE
         channels = self._channels
         view = memoryview(buf)
         try:
@@ -274,7 +294,7 @@ class Connection:
                 elif ftype == _METHOD:
                     if (ch is not None and _unpack_index(buf, start)[0] == _DELIVER_INDEX and ch.content_method is None
                             and ch.state is _OPEN):
-                        method, stop = _decode_deliver(buf, start + 4)
+                        method, stop = self._decode_deliver(buf, start + 4)
                         if stop != end:
                             raise RemoteProtocolError(
                                 f"basic.deliver on channel {channel}: arguments take {stop - start - 4} bytes "
@@ -288,7 +308,7 @@ class Connection:
                             hend = h + 7 + hsize
                             if (htype == _HEADER and hchannel == channel and class_id == 60 and hend < n
                                     and hsize + 8 <= limit and buf[hend] == _FRAME_END):
-                                props = _properties(spec.BasicProperties, buf, h + 19, hend)
+                                props = _properties(self._basic_properties, buf, h + 19, hend)
                                 if body_size == 0:
                                     events.append(_new_content(ContentReceived, (channel, method, props, b"")))
                                     o = hend + 1
@@ -309,7 +329,7 @@ class Connection:
                 elif ftype == _HEADER:
                     if (ch is not None and ch.content_method is not None and ch.content_props is None
                             and size >= 14 and _unpack_class(buf, start)[0] == ch.content_method.CLASS_ID):
-                        ch.content_props = _properties(_PROPERTIES[ch.content_method.CLASS_ID], buf, start + 12, end)
+                        ch.content_props = _properties(self._properties_of[ch.content_method.CLASS_ID], buf, start + 12, end)
                         ch.content_size = _unpack_body_size(buf, start + 4)[0]
                         if ch.content_size == 0:
                             self._content_done(ch, b"", events)
@@ -331,7 +351,7 @@ class Connection:
         return events
 
     def _on_method_frame(self, channel: int, payload, events: list) -> None:
-        method = decode_method(payload, channel)
+        method = decode_method(payload, channel, self._methods)
         if not method.SERVER_MAY_SEND:
             raise RemoteProtocolError(f"broker sent {method.NAME}, which only a client may send")
         if channel == 0:
@@ -360,30 +380,30 @@ class Connection:
             raise RemoteProtocolError(f"expected {names} in state {self.state.value}, got {method.NAME}")
 
     def _on_connection_method(self, method: Method, events: list) -> None:
-        if isinstance(method, spec.ConnectionClose):
-            self._send_method(0, spec.ConnectionCloseOk())
+        if isinstance(method, self.spec.ConnectionClose):
+            self._send_method(0, self.spec.ConnectionCloseOk())
             error = self._make_error(method, 0)
-            if self.state is ConnState.AWAIT_TUNE and method.reply_code == spec.ReplyCode.ACCESS_REFUSED:
+            if self.state is ConnState.AWAIT_TUNE and method.reply_code == self.spec.ReplyCode.ACCESS_REFUSED:
                 error = AuthenticationError(method.reply_code, method.reply_text, method.class_id,
                                             method.method_id, error.method_name)
             self._closed(error, events)
             return
         state = self.state
         if state is ConnState.AWAIT_START:
-            self._expect(method, spec.ConnectionStart)
+            self._expect(method, self.spec.ConnectionStart)
             self._on_start(method)
         elif state is ConnState.AWAIT_TUNE:
-            self._expect(method, spec.ConnectionSecure, spec.ConnectionTune)
-            if isinstance(method, spec.ConnectionSecure):
+            self._expect(method, self.spec.ConnectionSecure, self.spec.ConnectionTune)
+            if isinstance(method, self.spec.ConnectionSecure):
                 handler = self._secure_handler
                 response = handler(method.challenge) if handler else MECHANISMS[self.mechanism](
                     self._username, self._password)
-                self._send_method(0, spec.ConnectionSecureOk(response=response))
+                self._send_method(0, self.spec.ConnectionSecureOk(response=response))
             else:
                 self._on_tune(method)
         elif state is ConnState.AWAIT_OPEN_OK:
-            self._expect(method, spec.ConnectionOpenOk, spec.ConnectionRedirect)
-            if isinstance(method, spec.ConnectionRedirect):
+            self._expect(method, self.spec.ConnectionOpenOk, *filter(None, (self._redirect,)))
+            if self._redirect is not None and isinstance(method, self._redirect):
                 self.state = ConnState.CLOSED
                 events.append(ConnectionRedirected(method.host, method.known_hosts))
             else:
@@ -391,16 +411,17 @@ class Connection:
                 events.append(ConnectionOpened(method.known_hosts, self.server_properties,
                                                self.channel_max, self.frame_max, self.heartbeat))
         elif state is ConnState.CLOSING:
-            if isinstance(method, spec.ConnectionCloseOk):
+            if isinstance(method, self.spec.ConnectionCloseOk):
                 self._closed(self.close_error, events)
             # anything else is discarded while closing, as the spec requires
         else:
             raise RemoteProtocolError(f"unexpected {method.NAME} in connection state {state.value}")
 
     def _on_start(self, method) -> None:
-        if (method.version_major, method.version_minor) != (spec.VERSION_MAJOR, spec.VERSION_MINOR):
+        if (method.version_major, method.version_minor) != (self.spec.VERSION_MAJOR, self.spec.VERSION_MINOR):
             raise RemoteProtocolError(
-                f"broker speaks AMQP {method.version_major}-{method.version_minor}, not 8-0"
+                f"broker's connection.start names AMQP version {method.version_major}-{method.version_minor}, "
+                f"not the {self.protocol} it was offered ({self.spec.VERSION_MAJOR}-{self.spec.VERSION_MINOR})"
             )
         self.server_properties = method.server_properties or {}
         self.server_mechanisms = method.mechanisms.decode("utf-8", "replace").split()
@@ -411,24 +432,24 @@ class Connection:
         locales = method.locales.decode("utf-8", "replace").split()
         locale = self.locale if self.locale in locales or not locales else locales[0]
         response = MECHANISMS[self.mechanism](self._username, self._password)
-        self._send_method(0, spec.ConnectionStartOk(client_properties=self.client_properties,
+        self._send_method(0, self.spec.ConnectionStartOk(client_properties=self.client_properties,
                                                      mechanism=self.mechanism, response=response, locale=locale))
         self.state = ConnState.AWAIT_TUNE
 
     def _on_tune(self, method) -> None:
         self.channel_max = _negotiate(self._want_channel_max, method.channel_max)
         self.frame_max = _negotiate(self._want_frame_max, method.frame_max)
-        if self.frame_max and self.frame_max < spec.FRAME_MIN_SIZE:
-            raise RemoteProtocolError(f"broker proposed frame-max {method.frame_max}, below {spec.FRAME_MIN_SIZE}")
+        if self.frame_max and self.frame_max < _FRAME_MIN_SIZE:
+            raise RemoteProtocolError(f"broker proposed frame-max {method.frame_max}, below {_FRAME_MIN_SIZE}")
         if self._want_heartbeat is None:
             self.heartbeat = method.heartbeat
         elif self._want_heartbeat == 0:
             self.heartbeat = 0
         else:
             self.heartbeat = _negotiate(self._want_heartbeat, method.heartbeat)
-        self._send_method(0, spec.ConnectionTuneOk(channel_max=self.channel_max, frame_max=self.frame_max,
+        self._send_method(0, self.spec.ConnectionTuneOk(channel_max=self.channel_max, frame_max=self.frame_max,
                                                    heartbeat=self.heartbeat))
-        self._send_method(0, spec.ConnectionOpen(virtual_host=self.virtual_host, capabilities="",
+        self._send_method(0, self.spec.ConnectionOpen(virtual_host=self.virtual_host, capabilities="",
                                                  insist=self.insist))
         self.state = ConnState.AWAIT_OPEN_OK
 
@@ -441,18 +462,18 @@ class Connection:
 
     def _make_error(self, method, channel: int) -> AMQPError:
         code = method.reply_code
-        cls = spec.ERRORS.get(code)
+        cls = self.spec.ERRORS.get(code)
         if cls is None:
             cls = AMQPConnectionError if channel == 0 else AMQPChannelError
-        target = _METHODS.get((method.class_id << 16) | method.method_id)
+        target = self._methods.get((method.class_id << 16) | method.method_id)
         return cls(code, method.reply_text, method.class_id, method.method_id,
                    target.NAME if target else None, channel)
 
     # -- channels ---------------------------------------------------------------------------
 
     def _on_channel_method(self, ch: _Channel, method: Method, events: list) -> None:
-        if isinstance(method, spec.ChannelClose):
-            self._send_method(ch.number, spec.ChannelCloseOk())
+        if isinstance(method, self.spec.ChannelClose):
+            self._send_method(ch.number, self.spec.ChannelCloseOk())
             error = self._make_error(method, ch.number)
             if not isinstance(error, AMQPChannelError):
                 # a hard code on channel.close: still a channel close, keep the code and text
@@ -463,7 +484,7 @@ class Connection:
             events.append(ChannelClosed(ch.number, error))
             return
         if ch.state is ChanState.CLOSING:
-            if isinstance(method, spec.ChannelCloseOk):
+            if isinstance(method, self.spec.ChannelCloseOk):
                 del self._channels[ch.number]
                 ch.state = ChanState.CLOSED
                 events.append(ChannelClosed(ch.number, None))
@@ -472,21 +493,21 @@ class Connection:
                 # and a no-ack one exists nowhere else any more, so it is decoded and handed up
                 ch.content_method = method
             return  # the spec says to discard everything else while closing
-        if isinstance(method, spec.ChannelFlow):
+        if isinstance(method, self.spec.ChannelFlow):
             ch.flow_active = method.active
-            self._send_method(ch.number, spec.ChannelFlowOk(active=method.active))
+            self._send_method(ch.number, self.spec.ChannelFlowOk(active=method.active))
             events.append(FlowChanged(ch.number, method.active))
             return
-        if isinstance(method, spec.ChannelAlert):
+        if self._alert is not None and isinstance(method, self._alert):
             events.append(Alert(ch.number, method.reply_code, method.reply_text, method.details))
             return
         if ch.state is ChanState.OPENING:
-            self._expect(method, spec.ChannelOpenOk)
+            self._expect(method, self.spec.ChannelOpenOk)
             ch.pending.popleft()
             ch.state = ChanState.OPEN
             events.append(ChannelOpened(ch.number))
             return
-        if type(method) in _REPLIES:
+        if type(method) in self._replies:
             self._pop_pending(ch.pending, method, ch.number)
         if method.HAS_CONTENT:
             ch.content_method = method
@@ -510,7 +531,7 @@ class Connection:
             raise RemoteProtocolError(
                 f"content header of class {class_id} after {ch.content_method.NAME} on channel {channel}"
             )
-        ch.content_props = _properties(_PROPERTIES[class_id], payload, 12, len(payload))
+        ch.content_props = _properties(self._properties_of[class_id], payload, 12, len(payload))
         ch.content_size = size
         if size == 0:
             self._content_done(ch, b"", events)
@@ -554,8 +575,8 @@ class Connection:
             raise LocalProtocolError(f"channel number {number} outside 1..{self.channel_max or 65535}")
         ch = _Channel(number)
         self._channels[number] = ch
-        ch.pending.append(spec.ChannelOpen.RESPONSES)
-        self._send_method(number, spec.ChannelOpen(out_of_band=""))
+        ch.pending.append(self.spec.ChannelOpen.RESPONSES)
+        self._send_method(number, self.spec.ChannelOpen(out_of_band=""))
         return number
 
     def _allocate_channel(self) -> int:
@@ -572,7 +593,7 @@ class Connection:
         if ch.state is ChanState.CLOSING:
             return
         ch.state = ChanState.CLOSING
-        self._send_method(channel, spec.ChannelClose(reply_code=reply_code, reply_text=reply_text))
+        self._send_method(channel, self.spec.ChannelClose(reply_code=reply_code, reply_text=reply_text))
 
     def send_method(self, channel: int, method: Method) -> None:
         """Queue a method without content. Synchronous requests expect their response next."""
@@ -603,7 +624,7 @@ class Connection:
         if not method.HAS_CONTENT or not method.CLIENT_MAY_SEND:
             raise LocalProtocolError(f"{method.NAME} is not a content method a client may send")
         if properties is None:
-            properties = spec.PROPERTIES[method.CLASS_ID]()
+            properties = self.spec.PROPERTIES[method.CLASS_ID]()
         elif properties.CLASS_ID != method.CLASS_ID:
             raise LocalProtocolError(f"{type(properties).__name__} cannot go with {method.NAME}")
         if method.RESPONSES:
@@ -617,7 +638,7 @@ class Connection:
         if self.state in (ConnState.CLOSING, ConnState.CLOSED):
             return
         self.state = ConnState.CLOSING
-        self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=reply_text))
+        self._send_method(0, self.spec.ConnectionClose(reply_code=reply_code, reply_text=reply_text))
 
     def protocol_error(self, exc: RemoteProtocolError) -> None:
         """Queue connection.close telling the broker which rule it broke (501 FRAME_ERROR for
@@ -625,9 +646,9 @@ class Connection:
         if self.state is ConnState.CLOSED:
             return
         text = str(exc)
-        code = spec.ReplyCode.FRAME_ERROR if "frame" in text else spec.ReplyCode.COMMAND_INVALID
+        code = self.spec.ReplyCode.FRAME_ERROR if "frame" in text else self.spec.ReplyCode.COMMAND_INVALID
         raw = text.encode("utf-8", "replace")[:255]
-        self._send_method(0, spec.ConnectionClose(reply_code=code, reply_text=raw.decode("utf-8", "ignore")))
+        self._send_method(0, self.spec.ConnectionClose(reply_code=code, reply_text=raw.decode("utf-8", "ignore")))
         self.state = ConnState.CLOSED
         self.close_error = exc
 

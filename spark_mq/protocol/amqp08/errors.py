@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spark_mq.errors import BrokerError, ConnectionClosedError
+from spark_mq.errors import BrokerError, ConnectionClosedError, RemoteProtocolError
 
 
 class AMQPError(BrokerError):
@@ -59,3 +59,34 @@ class ConnectionRedirect(ConnectionClosedError):
         self.host = host
         self.known_hosts = known_hosts
         super().__init__(f"broker redirected the connection to {host!r} (known hosts {known_hosts!r})")
+
+
+#: protocol headers a broker may answer with, and what each means
+KNOWN_HEADERS = {
+    b"AMQP\x00\x00\x09\x01": "AMQP 0-9-1",
+    b"AMQP\x01\x01\x00\x09": "AMQP 0-9",
+    b"AMQP\x01\x01\x08\x00": "AMQP 0-8",
+    b"AMQP\x01\x01\x09\x01": "AMQP 0-9-1 (the old numbering)",
+    b"AMQP\x00\x01\x00\x00": "AMQP 1.0",
+    b"AMQP\x02\x01\x00\x00": "AMQP 1.0 (TLS)",
+    b"AMQP\x03\x01\x00\x00": "AMQP 1.0 (SASL)",
+}
+#: what the broker speaks -> the ``protocol`` value of ours that speaks it
+_PROTOCOL_FOR = {"AMQP 0-9-1": "0-9-1", "AMQP 0-9-1 (the old numbering)": "0-9-1", "AMQP 0-8": "0-8"}
+
+
+class ProtocolRefused(RemoteProtocolError):
+    """The broker answered the protocol header with another header: it does not speak the version offered.
+    Names what was offered, what the broker speaks and the ``protocol`` setting that would fit, if any
+    (RabbitMQ 4 answers 0-8 with AMQP 1.0's SASL header: it speaks 0-9-1 and 1.0 only)."""
+
+    def __init__(self, offered: str, answer: bytes) -> None:
+        self.offered = offered
+        self.answer = bytes(answer)
+        self.speaks = KNOWN_HEADERS.get(self.answer[:8], f"protocol header {self.answer[:8]!r}")
+        self.fits = _PROTOCOL_FOR.get(self.speaks)
+        if self.fits:
+            fix = f"set protocol={self.fits} (or protocol=auto, which offers 0-9-1 and falls back to 0-8)"
+        else:
+            fix = "no protocol=... setting fits: this connector speaks AMQP 0-9-1 and 0-8"
+        super().__init__(f"the broker refused AMQP {offered}: it answered with {self.speaks}; {fix}")

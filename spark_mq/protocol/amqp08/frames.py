@@ -58,12 +58,13 @@ def content_frames(channel: int, class_id: int, properties: bytes, body, frame_m
     return pieces
 
 
-def decode_method(payload, channel: int = 0) -> Method:
-    """Decode a whole method frame payload (ids + arguments). Any fault is a ``RemoteProtocolError``."""
+def decode_method(payload, channel: int = 0, methods: dict = METHODS) -> Method:
+    """Decode a whole method frame payload (ids + arguments) with ``methods`` (a spec's ``METHODS``; 0-8's
+    by default). Any fault is a ``RemoteProtocolError``."""
     if len(payload) < 4:
         raise RemoteProtocolError(f"method frame on channel {channel} is {len(payload)} bytes, too short")
     index = (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
-    cls = METHODS.get(index)
+    cls = methods.get(index)
     if cls is None:
         raise RemoteProtocolError(f"unknown method ({index >> 16}, {index & 0xFFFF}) on channel {channel}")
     try:

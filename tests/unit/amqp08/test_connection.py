@@ -104,7 +104,7 @@ def test_auth_failure_close_during_start_ok_is_authentication_error():
 def test_wrong_version_and_missing_mechanism():
     conn = Connection()
     conn.initiate()
-    with pytest.raises(RemoteProtocolError, match="speaks AMQP 0-9"):
+    with pytest.raises(RemoteProtocolError, match="names AMQP version 0-9, not the 0-8"):
         conn.receive_data(server_frame(0, spec.ConnectionStart(version_major=0, version_minor=9,
                                                                mechanisms=b"PLAIN", locales=b"en_US")))
     conn = Connection()
