@@ -116,6 +116,20 @@ def wait_rows(query, count_fn, expect: int, what: str) -> int:
     return n
 
 
+def started(query, what: str) -> None:
+    """Wait until ``query`` has reported a batch or ended: its Python source process is up. Queries that run
+    side by side are started one after the other: Spark gives a new Python source process a fixed 10 s to
+    connect back (PythonWorkerFactory.createSimpleWorker), and several spawned at once on a busy 2-core
+    machine can miss it (a full run of issue 56 did, with six started together)."""
+    deadline = time.monotonic() + WAIT
+    while not query.recentProgress and query.isActive:
+        if query.exception() is not None:
+            raise RuntimeError(f"{what}: the query failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: no batch after {WAIT:.0f} s")
+        time.sleep(0.1)
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 def auto_registered(spark, fmt: str) -> str:
@@ -158,6 +172,7 @@ def main(spark) -> None:
                         .select("body").writeStream.format(fmt).options(**sink_options(fmt, names["stream_out"]))
                         .option("checkpointLocation", f"{work}/{fmt}-stream-ckpt")
                         .trigger(processingTime="500 milliseconds").start())
+        started(streams[fmt], f"{fmt} stream")
     try:
         # sent once the query runs: on a Spark without availableNow support the first batch of a run
         # takes the whole backlog present at its start (docs/getting-started.md, "Spark versions"), later ones obey the cap
@@ -189,6 +204,7 @@ def main(spark) -> None:
                                   .writeStream.format("memory").queryName(f"{fmt}_{trigger}")
                                   .option("checkpointLocation", f"{work}/{fmt}-{trigger}-ckpt")
                                   .trigger(**{trigger: True}).start())
+            started(runs[fmt, trigger], f"{fmt} {trigger}")
     deadline = time.monotonic() + WAIT
     for (fmt, trigger), query in runs.items():
         finished = query.awaitTermination(max(1.0, deadline - time.monotonic()))
@@ -259,8 +275,17 @@ def run_to_end_and_report(spark, queries: dict) -> None:
     """Restart each query of ``queries`` (key -> (what, fmt, name, expected bodies)) from its checkpoint,
     all side by side, run each until its sink holds as many rows as were sent, and report what the sink
     holds under the query's ``what``."""
-    running = {key: start_file_query(spark, fmt, name, key, RESUME_CAP) for key, (_, fmt, name, _) in queries.items()}
+    running = {}
     restarts = {key: 0 for key in queries}
+    for key, (_, fmt, name, _) in queries.items():  # one after the other: see started()
+        running[key] = start_file_query(spark, fmt, name, key, RESUME_CAP)
+        try:
+            started(running[key], key)
+        except RuntimeError as exc:
+            if "failed to connect back" not in str(exc):
+                raise
+            restarts[key] += 1
+            running[key] = start_file_query(spark, fmt, name, key, RESUME_CAP)
     try:
         for key, (what, fmt, name, values) in queries.items():
             while True:
@@ -289,12 +314,13 @@ def run_to_end_and_report(spark, queries: dict) -> None:
 def start_and_await_kill(spark, kind: str) -> None:
     """Send each format's messages, start its ``kind`` query, and once every query has committed two
     batches (and has more to read), print READY and wait for the test's SIGKILL."""
-    queries = {f"{kind}-{fmt}": start_file_query(spark, fmt, CONFIG["names"][fmt][kind], f"{kind}-{fmt}")
-               for fmt in FORMATS}
-    # sent once each query runs, so that the run has batches to do under every Spark (without
-    # availableNow support the first batch of a run takes what is there at its start)
-    for key, q in queries.items():
-        wait_rows(q, lambda: len(q.recentProgress), 1, f"{key} start")
+    queries = {}
+    for fmt in FORMATS:  # one after the other: see started()
+        key = f"{kind}-{fmt}"
+        queries[key] = start_file_query(spark, fmt, CONFIG["names"][fmt][kind], key)
+        # sent once each query runs, so that the run has batches to do under every Spark (without
+        # availableNow support the first batch of a run takes what is there at its start)
+        wait_rows(queries[key], lambda q=queries[key]: len(q.recentProgress), 1, f"{key} start")
     for fmt in FORMATS:
         batch_write(spark, fmt, CONFIG["names"][fmt][kind], bodies(f"{kind}-{fmt}", CONFIG["kill_messages"]))
     deadline = time.monotonic() + WAIT
