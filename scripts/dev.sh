@@ -115,12 +115,19 @@ setup_brokers() {
   local need=()
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq-server)
   [ -f /usr/share/activemq/bin/activemq.jar ] || need+=(activemq)
-  [ ${#need[@]} -eq 0 ] && return 0
-  # No "service ... stop" afterwards: policy-rc.d keeps the services from starting, and RabbitMQ's
-  # init script runs rabbitmqctl even to stop a server that is not running, which starts a system
-  # epmd listening on every interface (issue 47). apt_install stops any daemon the installation left.
-  apt_install "${need[@]}" ||
-    log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
+  if [ ${#need[@]} -gt 0 ]; then
+    # No "service ... stop" afterwards: policy-rc.d keeps the services from starting, and RabbitMQ's
+    # init script runs rabbitmqctl even to stop a server that is not running, which starts a system
+    # epmd listening on every interface (issue 47). apt_install stops any daemon the installation left.
+    apt_install "${need[@]}" ||
+      log "could not install ${need[*]} from Debian; broker tests will fail and say how to get a broker"
+  fi
+  # RabbitMQ 4 (Debian 13's) in a root of its own, made once with debootstrap and cached under
+  # ~/.cache/spark-mq (tests/integration/broker_rabbitmq4.py; about 45 s and 370 MB the first time)
+  if [ -z "${SPARK_MQ_RABBITMQ4_AMQP_URL:-}" ]; then
+    "$VENV/bin/python" tests/integration/broker_rabbitmq4.py </dev/null ||
+      log "could not make the RabbitMQ 4 root; its tests will fail and say why"
+  fi
 }
 
 MATRIX_PID=""

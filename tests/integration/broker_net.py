@@ -97,10 +97,11 @@ def _recv_until(sock: socket.socket, done, limit: int = 65536) -> bytes:
     return data
 
 
-def amqp_probe(port: int, host: str = LOOPBACK, timeout: float = 5.0) -> bytes:
-    """Send the AMQP 0-8 protocol header and return the first frame's bytes (header, payload, frame-end)."""
+def amqp_probe(port: int, host: str = LOOPBACK, timeout: float = 5.0, header: bytes = AMQP_PROTOCOL_HEADER) -> bytes:
+    """Send an AMQP protocol header (0-8's unless given) and return the first frame's bytes (header,
+    payload, frame-end)."""
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(AMQP_PROTOCOL_HEADER)
+        s.sendall(header)
         data = _recv_until(s, lambda d: len(d) >= 7 and len(d) >= 8 + int.from_bytes(d[3:7], "big"))
     return data
 

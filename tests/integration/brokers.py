@@ -424,23 +424,36 @@ class RabbitMQ(Broker):
         cookie.chmod(0o400)
         (w / "rabbitmq-env.conf").write_text("# intentionally empty: the environment comes from brokers.py\n")
         self.tls_ca_file = make_self_signed_cert(w / "tls")
-        _render(CONF_DIR / "rabbitmq" / "rabbitmq.conf.in", w / "rabbitmq.conf",
-                {"AMQP_PORT": str(self.amqp_port), "STOMP_PORT": str(self.stomp_port),
-                 "AMQPS_PORT": str(self.amqps_port), "STOMPS_PORT": str(self.stomps_port),
-                 "TLS_CERT": str(w / "tls" / "cert.pem"), "TLS_KEY": str(w / "tls" / "key.pem")})
+        _render(CONF_DIR / "rabbitmq" / "rabbitmq.conf.in", w / "rabbitmq.conf", self._render_values())
         shutil.copyfile(CONF_DIR / "rabbitmq" / "enabled_plugins", w / "enabled_plugins")
+
+    # -- what a node run another way (broker_rabbitmq4.py: in a chroot) changes --------------------------
+
+    def _render_values(self) -> dict:
+        w = self.workdir
+        return {"AMQP_PORT": str(self.amqp_port), "STOMP_PORT": str(self.stomp_port),
+                "AMQPS_PORT": str(self.amqps_port), "STOMPS_PORT": str(self.stomps_port),
+                "TLS_CERT": str(w / "tls" / "cert.pem"), "TLS_KEY": str(w / "tls" / "key.pem")}
+
+    def _command(self, program: str, *args: str) -> list[str]:
+        return [program, *args]
+
+    def _epmd_program(self) -> str:
+        return shutil.which("epmd", path=self.env.get("PATH")) or "epmd"
+
+    def _probe_header(self) -> bytes:
+        return AMQP_PROTOCOL_HEADER  # 0-8: what RabbitMQ 3.x answers with connection.start
 
     def _launch(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         if self._epmd is None or not self._epmd.alive():
-            epmd = shutil.which("epmd", path=self.env.get("PATH")) or "epmd"
-            self._epmd = _Process([epmd, "-port", str(self.epmd_port)], self.env, self.workdir,
-                                  self.workdir / "epmd.log")
+            self._epmd = _Process(self._command(self._epmd_program(), "-port", str(self.epmd_port)), self.env,
+                                  self.workdir, self.workdir / "epmd.log")
             while not port_accepts(self.epmd_port, timeout=0.5):
                 if not self._epmd.alive() or time.monotonic() > deadline:
                     raise self._fail(f"epmd did not start on port {self.epmd_port}")
                 time.sleep(_POLL)
-        self._server = _Process([str(self.bin_dir / "rabbitmq-server")], self.env, self.workdir,
+        self._server = _Process(self._command(str(self.bin_dir / "rabbitmq-server")), self.env, self.workdir,
                                 self.workdir / "server.out", cleanup_dir=self.workdir)
         while not all(port_accepts(p, timeout=0.5) for p in (self.amqp_port, self.stomp_port, self.amqps_port,
                                                               self.stomps_port)):
@@ -451,7 +464,7 @@ class RabbitMQ(Broker):
                 raise self._fail(f"not listening after {START_TIMEOUT:.0f}s")
             time.sleep(_POLL)
         self.ctl("await_startup", "--timeout", str(int(max(5, deadline - time.monotonic()))))
-        reply = amqp_probe(self.amqp_port)
+        reply = amqp_probe(self.amqp_port, header=self._probe_header())
         if reply[:1] != b"\x01":
             raise self._fail(f"AMQP port answered {reply[:16]!r}, not a method frame")
 
@@ -481,7 +494,7 @@ class RabbitMQ(Broker):
 
     def ctl(self, *args: str, timeout: float = CTL_TIMEOUT) -> str:
         """Run rabbitmqctl -n <node> ARGS with the node's environment; return stdout, raise on failure."""
-        argv = [str(self.bin_dir / "rabbitmqctl"), "-q", "-n", self.node, *args]
+        argv = self._command(str(self.bin_dir / "rabbitmqctl"), "-q", "-n", self.node, *args)
         try:
             done = subprocess.run(argv, env=self.env, cwd=self.workdir, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=timeout)

@@ -2,6 +2,7 @@
 
 Fixtures:
   rabbitmq            session: the shared RabbitMQ handle (AMQP 0-8 + STOMP), started at first request
+  rabbitmq4           session: the shared RabbitMQ 4 handle (AMQP 0-9-1 + STOMP; broker_rabbitmq4.py)
   activemq            session: the shared ActiveMQ handle (STOMP), started at first request
   stomp_broker        session, parametrized over both STOMP brokers (ids "rabbitmq", "activemq")
   rabbitmq_isolated   function: factory; rabbitmq_isolated() -> a fresh private RabbitMQ, stopped after the test
@@ -31,10 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # import brokers in ev
 import brokers  # noqa: E402
 
 SHARED_KINDS = ("rabbitmq", "activemq")
-_FIXTURE_NEEDS = {"rabbitmq": {"rabbitmq"}, "activemq": {"activemq"}, "stomp_broker": {"rabbitmq", "activemq"}}
+_FIXTURE_NEEDS = {"rabbitmq": {"rabbitmq"}, "activemq": {"activemq"}, "stomp_broker": {"rabbitmq", "activemq"},
+                  "rabbitmq4": {"rabbitmq4"}}
 _START_WAIT = brokers.START_TIMEOUT * 3  # covers an apt-get install of the broker on a fresh machine
 _STARTERS = {"rabbitmq": brokers.rabbitmq_from_environment_or_start,
-             "activemq": brokers.activemq_from_environment_or_start}
+             "activemq": brokers.activemq_from_environment_or_start,
+             "rabbitmq4": lambda: __import__("broker_rabbitmq4").start_rabbitmq4()}
+# RabbitMQ 4's first start on a machine also builds its Debian 13 root (broker_rabbitmq4.py)
+_START_WAITS = {"rabbitmq4": 900 + _START_WAIT}
 
 
 class _BrokerPool:
@@ -71,9 +76,10 @@ class _BrokerPool:
         thread = self._threads.get(kind)
         if thread is None:
             raise brokers.BrokerError(f"the session is shutting down; no {kind} any more")
-        thread.join(_START_WAIT)
+        wait = _START_WAITS.get(kind, _START_WAIT)
+        thread.join(wait)
         if thread.is_alive():
-            raise brokers.BrokerUnavailable(f"{kind} did not start within {_START_WAIT:.0f}s")
+            raise brokers.BrokerUnavailable(f"{kind} did not start within {wait:.0f}s")
         if kind in self._errors:
             raise self._errors[kind]
         return self._handles[kind]
@@ -124,6 +130,12 @@ def _shared(request: pytest.FixtureRequest, kind: str) -> brokers.Broker:
 def rabbitmq(request: pytest.FixtureRequest) -> brokers.Broker:
     """The session's RabbitMQ: amqp_port, stomp_port, url("amqp"|"stomp"), ctl/add_user/add_vhost, kill/restart."""
     return _shared(request, "rabbitmq")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq4(request: pytest.FixtureRequest) -> brokers.Broker:
+    """The session's RabbitMQ 4 (AMQP 0-9-1 + STOMP; broker_rabbitmq4.py): the same handle as ``rabbitmq``."""
+    return _shared(request, "rabbitmq4")
 
 
 @pytest.fixture(scope="session")

@@ -85,7 +85,12 @@ class ProtocolRefused(RemoteProtocolError):
         self.answer = bytes(answer)
         self.speaks = KNOWN_HEADERS.get(self.answer[:8], f"protocol header {self.answer[:8]!r}")
         self.fits = _PROTOCOL_FOR.get(self.speaks)
-        if self.fits:
+        if self.fits is None and offered == "0-8" and self.speaks.startswith("AMQP 1.0"):
+            # RabbitMQ 4 answers every header but 0-9-1's (and 0-9's) with 1.0's: it speaks 0-9-1
+            self.fits = "0-9-1"
+            fix = ("RabbitMQ 4 answers AMQP 0-8 so and speaks 0-9-1: set protocol=0-9-1 (or protocol=auto, "
+                   "which offers 0-9-1 and falls back to 0-8)")
+        elif self.fits:
             fix = f"set protocol={self.fits} (or protocol=auto, which offers 0-9-1 and falls back to 0-8)"
         else:
             fix = "no protocol=... setting fits: this connector speaks AMQP 0-9-1 and 0-8"

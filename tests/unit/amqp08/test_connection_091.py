@@ -57,7 +57,8 @@ def test_handshake_channel_and_a_delivery_in_091():
 
 
 @pytest.mark.parametrize("protocol,answer,speaks,fits", [
-    ("0-8", b"AMQP\x03\x01\x00\x00", "AMQP 1.0 (SASL)", None),  # RabbitMQ 4 to a 0-8 header
+    ("0-8", b"AMQP\x03\x01\x00\x00", "AMQP 1.0 (SASL)", "0-9-1"),  # RabbitMQ 4 to a 0-8 header
+    ("0-9-1", b"AMQP\x03\x01\x00\x00", "AMQP 1.0 (SASL)", None),  # a 1.0-only broker
     ("0-8", b"AMQP\x00\x00\x09\x01", "AMQP 0-9-1", "0-9-1"),
     ("0-9-1", b"AMQP\x01\x01\x08\x00", "AMQP 0-8", "0-8"),
     ("0-9-1", b"AMQP\x09\x09\x09\x09", "protocol header b'AMQP\\t\\t\\t\\t'", None),
