@@ -219,7 +219,7 @@ def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
     from spark_mq.clients.amqp08 import Connection
 
     kwargs = _buffer_bounds(opts, kwargs)
-    tried, errors, refused = [], [], []
+    tried, errors, refused, causes = [], [], [], []
     for ep in _rotate(endpoints(opts), start):
         try:
             return Connection(
@@ -227,12 +227,17 @@ def connect_amqp08(opts: Options, *, start: int = 0, **kwargs):
                 password=ep.password if ep.password is not None else "guest",
                 virtual_host=ep.virtual_host, heartbeat=_whole_seconds(opts.get("heartbeat") or 0),
                 tls=tls_options(opts) if ep.tls else None, connect_timeout=opts.get("connectTimeout") or 10.0,
-                **kwargs)
+                protocol=opts.get("protocol") or "0-8", **kwargs)
         except (SparkMqError, OSError) as exc:
             tried.append(ep)
             errors.append(_clean(exc, ep))
             refused.append(refusal(exc))
-    raise _fail(AMQP08, tried, errors, refused)
+            causes.append(exc)
+    # every endpoint answered with another protocol's header: that error, kept as the cause (the sources
+    # fail the query on it at once: spark_mq.sources.reconnect)
+    from spark_mq.protocol.amqp08.errors import ProtocolRefused
+    protocol_refused = causes and all(isinstance(c, ProtocolRefused) for c in causes)
+    raise _fail(AMQP08, tried, errors, refused) from (causes[-1] if protocol_refused else None)
 
 
 def connect_stomp(opts: Options, *, start: int = 0, **kwargs):

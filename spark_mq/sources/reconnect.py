@@ -60,6 +60,9 @@ class ReconnectPolicy:
         """A connect failed with ``exc``: raise if the query must fail, else wait out the backoff
         (a stop cuts the wait short)."""
         now = time.monotonic()
+        if not self.ever_connected and _protocol_refused(exc):
+            # the broker answered our AMQP version's header with another: no retry speaks it better
+            raise BrokerRefusedError(f"{self.fmt} source: {exc} (option protocol)") from exc
         # A wrong password or queue name is not an outage: fail after a short grace, not after
         # brokerTimeout. The grace (and a few attempts) because a refusal can be passing too: a
         # connection dropped during the handshake reads as 403, a broker starting up or at its
@@ -132,3 +135,17 @@ class ReconnectPolicy:
         sleep = random.uniform(0, bound)
         self.attempt += 1
         return sleep
+
+
+def _protocol_refused(exc: BaseException):
+    """The ``ProtocolRefused`` of an AMQP connect (also when every endpoint's failure was one), else None."""
+    from spark_mq.protocol.amqp08.errors import ProtocolRefused
+
+    seen = exc
+    for _ in range(5):  # the endpoint loop wraps the endpoints' errors
+        if isinstance(seen, ProtocolRefused):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+        if seen is None:
+            break
+    return None

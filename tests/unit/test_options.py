@@ -111,7 +111,12 @@ def test_frozen_and_picklable():
     assert changed.queue == "r" and opts.queue == "q"
 
 
-def test_define_is_idempotent_and_refuses_a_different_meaning():
+def test_define_is_idempotent_and_refuses_a_different_meaning(monkeypatch):
+    from spark_mq import options
+
+    # a registry of this test's own: the option must not outlive it (the options reference, docs/options.md,
+    # is checked against the registry by tests/unit/test_docs_fresh.py, maybe later in the same process)
+    monkeypatch.setattr(options, "_REGISTRY", dict(options._REGISTRY))
     spec = OptionSpec("unitTestOnlyOption", OptionType.INT, default=3, formats={"stomp"}, directions={SINK},
                       doc="only for this test")
     define(spec)
