@@ -35,14 +35,15 @@ OVERLAY = ROOT / "specs" / "amqp0-8-rabbitmq.xml"
 OUT = ROOT / "spark_mq" / "protocol" / "amqp08" / "spec.py"
 SPEC_091 = ROOT / "specs" / "amqp-rabbitmq-0.9.1.json"
 OUT_091 = ROOT / "spark_mq" / "protocol" / "amqp08" / "spec091.py"
-# Who receives each 0-9-1 method that 0-8 (spec and RabbitMQ's dialect) does not have: the JSON
-# specification names no chassis. From the 0-9-1 specification text and RabbitMQ's extensions page.
+# Who receives each 0-9-1 method that 0-8 (spec and RabbitMQ's dialect) does not have, or receives
+# differently: the JSON specification names no chassis. From the 0-9-1 specification text and RabbitMQ's extensions page.
 CHASSIS_091 = {
     "connection.blocked": ["client"], "connection.unblocked": ["client"],
     "connection.update-secret": ["server"], "connection.update-secret-ok": ["client"],
     "exchange.bind": ["server"], "exchange.bind-ok": ["client"],
     "exchange.unbind": ["server"], "exchange.unbind-ok": ["client"],
     "basic.nack": ["client", "server"],  # a consumer's reject of many; the broker's under confirms
+    "basic.ack": ["client", "server"],  # 0-8's goes to the server only; under confirms the broker sends it too
     "confirm.select": ["server"], "confirm.select-ok": ["client"],
 }
 

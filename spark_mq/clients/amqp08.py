@@ -64,6 +64,8 @@ __all__ = ["Connection", "Channel", "Message", "BasicProperties", "TimeoutError"
 DEFAULT_MAX_BUFFERED_MESSAGES = 10_000
 #: Body bytes of those deliveries before it stops reading.
 DEFAULT_MAX_BUFFERED_BYTES = 16 << 20
+#: basic.ack and basic.nack (0-9-1) from the broker: publisher confirms
+_CONFIRMS = frozenset((spec.BasicAck.INDEX, (60 << 16) | 120))
 
 
 def parse_url(url: str) -> dict:
@@ -351,6 +353,9 @@ class Connection:
                         # deliveries may follow consume-ok in the same read
                         ch._callbacks[ev.method.consumer_tag] = ch._pending_callback
                         ch._pending_callback = None
+                    if ch.confirming and ev.method.INDEX in _CONFIRMS:
+                        ch._on_confirm(ev.method)  # a publisher confirm, not a reply to a call
+                        continue
                     ch._replies.append(ev.method)
             elif kind is ChannelOpened:
                 ch = channels.get(ev.channel)

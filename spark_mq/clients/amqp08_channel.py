@@ -21,6 +21,7 @@ from spark_mq.protocol.amqp08.frames import method_frame
 from spark_mq.protocol.amqp08.spec import BasicProperties
 
 _DELIVER, _RETURN = spec.BasicDeliver.INDEX, spec.BasicReturn.INDEX  # the same in 0-8 and 0-9-1
+_ACK, _NACK = spec.BasicAck.INDEX, (60 << 16) | 120  # basic.nack: 0-9-1 only
 
 DEFAULT_TIMEOUT = 30.0
 _monotonic = time.monotonic
@@ -68,6 +69,17 @@ class Message(tuple):
 _new_message = tuple.__new__
 
 
+class NackedError(SparkMqError):
+    """The broker nacked published messages (confirm mode): it did not take responsibility for them."""
+
+    def __init__(self, channel: int, tags: list) -> None:
+        self.channel = channel
+        self.tags = tags
+        shown = ", ".join(map(str, tags[:10])) + (" ..." if len(tags) > 10 else "")
+        super().__init__(f"the broker nacked {len(tags)} message(s) published on channel {channel} "
+                         f"(confirm sequence numbers {shown})")
+
+
 class Channel:
     """One AMQP channel. Methods block until the broker's reply (with a timeout)."""
 
@@ -87,6 +99,13 @@ class Channel:
         self._callbacks: dict[str, Callable[[Message], None]] = {}
         self._pending_callback: Optional[Callable[[Message], None]] = None
         self.ticket = 0
+        # publisher confirms (0-9-1's confirm.select): the sequence number of the last message published,
+        # every number up to ``_confirmed`` answered by the broker, and the numbers it nacked
+        self.confirming = False
+        self._published = 0
+        self._confirmed = 0
+        self._answered: set[int] = set()  # answered out of order (beyond _confirmed)
+        self._nacked: list[int] = []
 
     def __repr__(self) -> str:
         return f"<amqp08.Channel {self.number} {'open' if self.is_open else 'closed'}>"
@@ -299,6 +318,8 @@ class Channel:
             conn._proto.send_content(self.number, conn.methods.BasicPublish(
                 ticket=self.ticket, exchange=exchange, routing_key=routing_key, mandatory=mandatory,
                 immediate=immediate), properties, body)
+            if self.confirming:
+                self._published += 1
             conn._flush()
 
     def publish_many(self, messages: Iterable, *, batch_bytes: int = 1 << 20,
@@ -323,6 +344,8 @@ class Channel:
                     encoded = method_frame(number, method.encode())
                 send_content(number, method, properties, body, encoded)
                 count += 1
+                if self.confirming:
+                    self._published += 1
                 pending += len(body) + 64
                 if pending >= batch_bytes:
                     conn._flush()
@@ -430,6 +453,60 @@ class Channel:
 
     def tx_select(self) -> None:
         self.call(self.connection.methods.TxSelect())
+
+    # -- publisher confirms (0-9-1) ---------------------------------------------------------------
+
+    def confirm_select(self) -> None:
+        """Put the channel in confirm mode (AMQP 0-9-1, RabbitMQ's extension): the broker then answers every
+        message published on it with basic.ack (it has taken responsibility for it: persistent messages
+        to durable queues are on disk) or basic.nack. ``wait_for_confirms`` waits for the answers."""
+        methods = self.connection.methods
+        if not hasattr(methods, "ConfirmSelect"):
+            raise LocalProtocolError(f"publisher confirms need AMQP 0-9-1; this connection speaks "
+                                     f"{self.connection.protocol} (option protocol)")
+        self.call(methods.ConfirmSelect(nowait=False))
+        with self.connection._cv:
+            self.confirming = True
+            self._published = self._confirmed = 0
+            self._answered.clear()
+            self._nacked.clear()
+
+    @property
+    def unconfirmed(self) -> int:
+        """Messages published in confirm mode the broker has not answered yet."""
+        return self._published - self._confirmed - len(self._answered)
+
+    def wait_for_confirms(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until the broker has answered every message published so far; raise ``NackedError`` when
+        it nacked any since the last call (then forgotten), ``TimeoutError`` after ``timeout``."""
+        conn = self.connection
+        deadline = _monotonic() + timeout
+        with conn._cv:
+            if not self.confirming:
+                raise LocalProtocolError(f"channel {self.number} is not in confirm mode: call confirm_select()")
+            while self._confirmed < self._published:
+                self._check()
+                conn._wait(deadline, f"publisher confirms of {self.unconfirmed} message(s) on channel {self.number}")
+            if self._nacked:
+                nacked, self._nacked = sorted(self._nacked), []
+                raise NackedError(self.number, nacked)
+
+    def _on_confirm(self, method) -> None:
+        """basic.ack or basic.nack from the broker, in confirm mode (the connection's lock held)."""
+        tag = method.delivery_tag
+        done = range(self._confirmed + 1, tag + 1) if method.multiple else (tag,)
+        if method.INDEX == _NACK:
+            self._nacked.extend(t for t in done if t > self._confirmed and t not in self._answered)
+        if method.multiple:
+            self._confirmed = max(self._confirmed, tag)
+            self._answered = {t for t in self._answered if t > tag}
+        elif tag == self._confirmed + 1:
+            self._confirmed = tag
+        else:
+            self._answered.add(tag)
+        while self._confirmed + 1 in self._answered:
+            self._confirmed += 1
+            self._answered.discard(self._confirmed)
 
     def tx_commit(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.call(self.connection.methods.TxCommit(), timeout)

@@ -83,3 +83,28 @@ def test_0_8_stays_what_it_was_and_an_unknown_protocol_is_refused(rabbitmq):
         assert conn.methods.BasicConsume.__name__ == "RabbitBasicConsume"  # no arguments table in 0-8
     with pytest.raises(LocalProtocolError, match="protocol must be one of 0-8, 0-9-1, auto"):
         Connection.from_url(rabbitmq.url("amqp"), protocol="1.0")
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "rabbitmq4"])
+def test_publisher_confirms_answer_every_message(request, unique_name, broker):
+    """confirm.select, 5,000 persistent messages pipelined, wait_for_confirms: every one answered by the
+    broker (RabbitMQ 3.10 and 4; a quorum queue on 4); a 0-8 channel refuses confirm mode, naming why."""
+    node = request.getfixturevalue(broker)
+    queue = unique_name("confirm")
+    with Connection.from_url(node.url("amqp"), protocol="0-9-1") as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True,
+                         arguments={"x-queue-type": "quorum"} if broker == "rabbitmq4" else None)
+        ch.confirm_select()
+        ch.publish_many(("", queue, b"c%d" % i, BasicProperties(delivery_mode=2)) for i in range(5000))
+        assert ch.unconfirmed > 0 or ch._confirmed == 5000
+        ch.wait_for_confirms(timeout=60)
+        assert ch.unconfirmed == 0 and ch._confirmed == 5000
+        ch.basic_publish("", queue, b"one more", BasicProperties(delivery_mode=2))
+        ch.wait_for_confirms(timeout=30)
+        assert ch.queue_declare(queue, passive=True).message_count == 5001
+        ch.queue_delete(queue)
+    if broker == "rabbitmq":
+        with Connection.from_url(node.url("amqp"), protocol="0-8") as conn:
+            with pytest.raises(LocalProtocolError, match="publisher confirms need AMQP 0-9-1"):
+                conn.channel().confirm_select()

@@ -45,3 +45,44 @@ def test_0_9_1_publish_consume_ack_on_rabbitmq4(rabbitmq4, unique_name, protocol
             ch.basic_ack(msg.delivery_tag)
         assert got == [(b"m%d" % i, f"id{i}") for i in range(1000)]
         ch.queue_delete(queue)
+
+
+def _finish(q, timeout: float = 240):
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        done = q.awaitTermination(timeout)
+    except StreamingQueryException:
+        done = True
+    if not done:
+        q.stop()
+        pytest.fail(f"query did not finish within {timeout}s")
+    return q
+
+
+def test_the_format_reads_and_writes_rabbitmq4_in_0_9_1_and_says_why_it_cannot_in_0_8(spark, rabbitmq4, unique_name,
+                                                                                        tmp_path):
+    """Through Spark, on a quorum queue: a batch write of 1,000 rows and an availableNow stream read of them
+    with protocol=0-9-1, every row once; the same read with protocol=0-8 fails the query at once, naming
+    the option (before: 0 rows and no error for brokerTimeout, 300 s)."""
+    url, queue = rabbitmq4.url("amqp"), unique_name("r4-format")
+    with Connection.from_url(url, protocol="0-9-1") as conn:
+        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    rows = [(f"r{i}",) for i in range(1000)]
+    (spark.createDataFrame(rows, "body string").write.format("amqp08").option("uri", url)
+     .option("protocol", "0-9-1").option("exchange", "").option("routingKey", queue).mode("append").save())
+    got = []
+    q = _finish(spark.readStream.format("amqp08").option("uri", url).option("queue", queue)
+                .option("protocol", "0-9-1").option("logLocation", str(tmp_path / "log")).load()
+                .writeStream.foreachBatch(lambda df, _id: got.extend(r.body for r in df.select("body").collect()))
+                .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert q.exception() is None, q.exception()
+    assert sorted(got) == sorted(f"r{i}".encode() for i in range(1000))
+
+    t0 = time.monotonic()
+    q = _finish(spark.readStream.format("amqp08").option("uri", url).option("queue", queue)
+                .option("protocol", "0-8").option("logLocation", str(tmp_path / "log08")).load()
+                .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt08")).start(), 120)
+    error = str(q.exception())
+    assert time.monotonic() - t0 < 60, "retried as an outage?"
+    assert "refused AMQP 0-8" in error and "protocol=0-9-1" in error and "option protocol" in error, error

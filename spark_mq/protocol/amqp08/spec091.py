@@ -2196,7 +2196,7 @@ class BasicGetEmpty(Method):
 
 
 class BasicAck(Method):
-    """basic.ack (60, 80); received by the server."""
+    """basic.ack (60, 80); received by the client and server."""
 
     __slots__ = ('delivery_tag', 'multiple', )
     NAME = 'basic.ack'
@@ -2206,7 +2206,7 @@ class BasicAck(Method):
     SYNCHRONOUS = False
     HAS_CONTENT = False
     CLIENT_MAY_SEND = True
-    SERVER_MAY_SEND = False
+    SERVER_MAY_SEND = True
     FIELDS = ('delivery_tag', 'multiple', )
     _PREFIX = b'\x00<\x00P'
 
