@@ -38,7 +38,7 @@ from typing import Optional
 from urllib.parse import unquote, urlsplit
 
 from spark_mq.clients.amqp08_channel import (
-    DEFAULT_TIMEOUT, Channel, Message, TimeoutError, _monotonic, _new_message,
+    _ACK, _NACK, DEFAULT_TIMEOUT, Channel, Message, TimeoutError, _monotonic, _new_message,
 )
 from spark_mq.errors import ConnectionClosedError, LocalProtocolError, RemoteProtocolError, SparkMqError
 from spark_mq.protocol.amqp08 import spec
@@ -65,7 +65,7 @@ DEFAULT_MAX_BUFFERED_MESSAGES = 10_000
 #: Body bytes of those deliveries before it stops reading.
 DEFAULT_MAX_BUFFERED_BYTES = 16 << 20
 #: basic.ack and basic.nack (0-9-1) from the broker: publisher confirms
-_CONFIRMS = frozenset((spec.BasicAck.INDEX, (60 << 16) | 120))
+_CONFIRMS = frozenset((_ACK, _NACK))
 
 
 def parse_url(url: str) -> dict:

@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Callable, Iterable, Iterator, Optional
 
 from spark_mq.errors import ConnectionClosedError, LocalProtocolError, SparkMqError
-from spark_mq.protocol.amqp08 import spec
+from spark_mq.protocol.amqp08 import spec, spec091
 from spark_mq.protocol.amqp08.codec import Method
 from spark_mq.protocol.amqp08.errors import AMQPChannelError
 from spark_mq.protocol.amqp08.events import ContentReceived
@@ -21,7 +21,7 @@ from spark_mq.protocol.amqp08.frames import method_frame
 from spark_mq.protocol.amqp08.spec import BasicProperties
 
 _DELIVER, _RETURN = spec.BasicDeliver.INDEX, spec.BasicReturn.INDEX  # the same in 0-8 and 0-9-1
-_ACK, _NACK = spec.BasicAck.INDEX, (60 << 16) | 120  # basic.nack: 0-9-1 only
+_ACK, _NACK = spec.BasicAck.INDEX, spec091.BasicNack.INDEX  # basic.nack: 0-9-1 only
 
 DEFAULT_TIMEOUT = 30.0
 _monotonic = time.monotonic
@@ -252,10 +252,11 @@ class Channel:
 
     def queue_unbind(self, queue: str, exchange: str, routing_key: str = "", *,
                      arguments: Optional[dict] = None) -> None:
-        """Remove a binding (a RabbitMQ extension of 0-8; the spec has no queue.unbind)."""
-        if self.connection.dialect != "rabbitmq":
+        """Remove a binding (0-9-1's queue.unbind; in 0-8 a RabbitMQ extension, the spec has none)."""
+        unbind = getattr(self.connection.methods, "QueueUnbind", None)
+        if unbind is None:
             raise LocalProtocolError("queue.unbind is a RabbitMQ extension, not part of AMQP 0-8")
-        self.call(self.connection.methods.QueueUnbind(ticket=self.ticket, queue=queue, exchange=exchange,
+        self.call(unbind(ticket=self.ticket, queue=queue, exchange=exchange,
                                          routing_key=routing_key, arguments=arguments))
 
     def queue_purge(self, queue: str, *, nowait: bool = False) -> Optional[int]:

@@ -137,15 +137,9 @@ class ReconnectPolicy:
         return sleep
 
 
-def _protocol_refused(exc: BaseException):
-    """The ``ProtocolRefused`` of an AMQP connect (also when every endpoint's failure was one), else None."""
+def _protocol_refused(exc: BaseException) -> bool:
+    """An AMQP connect refused for its protocol version: the client's ``ProtocolRefused``, or the endpoint
+    loop's error when every endpoint's was one (``clients.connect.connect_amqp08`` keeps it as the cause)."""
     from spark_mq.protocol.amqp08.errors import ProtocolRefused
 
-    seen = exc
-    for _ in range(5):  # the endpoint loop wraps the endpoints' errors
-        if isinstance(seen, ProtocolRefused):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-        if seen is None:
-            break
-    return None
+    return isinstance(exc, ProtocolRefused) or isinstance(exc.__cause__, ProtocolRefused)
