@@ -34,21 +34,13 @@ DURATIONS_ENV = "SPARK_MQ_DURATIONS"
 # Spark binds its driver to the first non-loopback interface unless told otherwise: keep test traffic
 # on loopback, also when pytest is run directly rather than through ./dev test.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every Spark driver the tests start reads tests/spark-conf/spark-defaults.conf (see there).
-os.environ.setdefault("SPARK_CONF_DIR", str(TESTS_DIR / "spark-conf"))
-# The JVMs of the tests (Spark drivers and their launcher, a standalone cluster's daemons and executors,
-# ActiveMQ) live seconds to minutes, mostly starting up: the C1 compiler alone and the serial collector
-# take about 40% less CPU to start a Spark session and run a small job than the defaults (22 and 13 CPU
-# seconds on this machine), and the suite is bound by its 2 cores. Not verifying the bytecode of the
-# classpath's classes (Spark's and the JDK's own jars: nothing the tests load is untrusted) and no
-# hsperfdata file take about 10% more off (a session and a small aggregation: 15.2/16.9 -> 13.8/14.2 CPU
-# seconds, measured in pairs). Benchmarks and users' JVMs keep the defaults. SPARK_MQ_TEST_JAVA_OPTIONS
-# replaces these options ("" for none); the JVM says "Picked up JDK_JAVA_OPTIONS" on its stderr.
-JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions "
-                "-XX:-BytecodeVerificationRemote -XX:-UsePerfData")
-_java_options = os.environ.get("SPARK_MQ_TEST_JAVA_OPTIONS", JAVA_OPTIONS)
-if _java_options and "JDK_JAVA_OPTIONS" not in os.environ:
-    os.environ["JDK_JAVA_OPTIONS"] = _java_options
+# The environment of every JVM and Spark driver the tests start: JVM options, the Spark settings, the JVM
+# class archive (tests/sparkenv.py)
+import sparkenv  # noqa: E402
+
+sparkenv.apply()
+JAVA_OPTIONS = sparkenv.JAVA_OPTIONS
+
 # Seconds; a safety net against hangs, not a performance budget. Override per test with
 # @pytest.mark.timeout(N), or for a run with SPARK_MQ_TEST_TIMEOUT=N (0 disables) or --timeout=N.
 DEFAULT_TEST_TIMEOUT = 600

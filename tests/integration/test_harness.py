@@ -5,6 +5,8 @@ durable-queue check) only: nothing here depends on spark_mq's own clients."""
 from __future__ import annotations
 
 import socket
+import sys
+from pathlib import Path
 import struct
 import time
 
@@ -300,3 +302,21 @@ def test_brokers_die_with_a_sigkilled_test_process(tmp_path):
         time.sleep(0.2)
     assert not brokers.port_accepts(port)
     assert not Path(workdir).exists()
+
+
+def test_spark_drivers_map_the_class_archive_and_get_the_test_settings(spark):
+    """The suite's Spark drivers start from the class archive of their venv's pyspark (scripts/jvm_archive.py,
+    made by ./dev): the driver's JVM has the archive mapped. Anything that changes the driver's class path
+    (a SPARK_CONF_DIR folder on it, other jars) makes the JVM skip the archive without a word: this test is
+    what notices. The tests' Spark settings (tests/sparkenv.py) reach the session as system properties."""
+    import sparkenv
+    import jvm_archive
+
+    archive = jvm_archive.archive_path(Path(sys.executable), sparkenv.java_identity())
+    assert archive is not None and archive.is_file(), \
+        f"no JVM class archive for {sys.executable}'s pyspark: ./dev setup makes it (scripts/jvm_archive.py)"
+    pid = spark.sparkContext._gateway.proc.pid  # spark-submit execs into the driver's JVM
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert str(archive) in maps, f"the driver's JVM (pid {pid}) did not map {archive}"
+    for key, value in sparkenv.SPARK_TEST_CONF.items():
+        assert spark.conf.get(key) == value, key

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import build_dist  # noqa: E402
 import spark_matrix  # noqa: E402
+import sparkenv  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700),
               pytest.mark.xdist_group("test_spark_versions")]  # one xdist worker: shared state (tests/conftest.py)
@@ -114,6 +115,7 @@ class Job:
         env = dict(os.environ, PYTHONUNBUFFERED="1", SPARK_LOCAL_IP="127.0.0.1")
         env.pop("PYTHONPATH", None)  # the wheel, not the checkout
         env.pop("SPARK_HOME", None)
+        env["SPARK_SUBMIT_OPTS"] = sparkenv.spark_submit_options(python)  # this release's class archive
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen([str(python), str(JOB), phase, str(config)], cwd=cwd, env=env, stdout=out,
                                          stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
