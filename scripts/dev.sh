@@ -156,7 +156,7 @@ setup_jvm_archives() {
   # about a quarter less CPU. Two at a time (2 cores); a failure only makes the tests slower.
   local pythons=("$VENV/bin/python") p
   for p in .venv-spark-*/bin/python; do [ -x "$p" ] && pythons+=("$p"); done
-  printf '%s\n' "${pythons[@]}" | xargs -P 2 -n 1 "$VENV/bin/python" scripts/jvm_archive.py make </dev/null ||
+  printf '%s\n' "${pythons[@]}" | xargs -P 2 -n 1 "$VENV/bin/python" scripts/jvm_archive.py make ||
     log "could not make every JVM class archive; the tests run without them, only slower"
 }
 

@@ -165,6 +165,18 @@ def archive_path(python: Path, java: Optional[str] = None) -> Optional[Path]:
     return _cache() / f"spark-{h.hexdigest()[:20]}.jsa"
 
 
+#: archives kept in the cache (each checkout's venvs have their own: the JVM checks the jars' paths)
+KEEP = 8
+
+
+def _prune(cache: Path, keep: int) -> None:
+    """Remove all but the ``keep`` archives made or used last (their logs too)."""
+    archives = sorted(cache.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in archives[keep:]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".log").unlink(missing_ok=True)
+
+
 def submit_options(archive: Optional[Path]) -> str:
     """What ``SPARK_SUBMIT_OPTS`` carries for a driver to use ``archive`` ("" when there is none)."""
     if archive is None or not archive.is_file():
@@ -181,8 +193,10 @@ def make(python: Path, log=print) -> Optional[Path]:
         log(f"[spark-mq] no pyspark in {python}: no JVM class archive")
         return None
     if archive.is_file():
+        os.utime(archive)  # in use: the last to be pruned
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
+    _prune(archive.parent, KEEP - 1)
     for stale in archive.parent.glob(archive.name + ".*.partial"):  # a make that was stopped midway
         if not Path(f"/proc/{stale.name.split('.')[-2]}").exists():
             stale.unlink(missing_ok=True)

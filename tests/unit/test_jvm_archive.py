@@ -49,3 +49,15 @@ def test_a_driver_gets_the_archive_only_when_it_exists(tmp_path):
 def test_no_pyspark_no_archive(tmp_path):
     (tmp_path / "bin").mkdir()
     assert jvm_archive.archive_path(tmp_path / "bin" / "python", "jdk") is None
+
+
+def test_the_cache_keeps_the_archives_used_last(tmp_path):
+    import os
+
+    for i in range(5):
+        (tmp_path / f"spark-{i}.jsa").write_bytes(b"\0")
+        (tmp_path / f"spark-{i}.log").write_text("")
+        os.utime(tmp_path / f"spark-{i}.jsa", (1000 + i, 1000 + i))
+    os.utime(tmp_path / "spark-0.jsa", (2000, 2000))  # the oldest, used again
+    jvm_archive._prune(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spark-0.jsa", "spark-0.log", "spark-4.jsa", "spark-4.log"]
