@@ -8,10 +8,15 @@ from the options ``exchange`` (else the default exchange "") and ``routingKey``)
 ``user_id``, ``app_id``, ``cluster_id``. A null value takes the option's default. ``message_id``
 defaults to the deterministic id (``spark_mq.sinks.writer``).
 
-Per task: one channel in transaction mode (``tx.select`` once per pooled channel), the rows published
-with ``publish_many`` (frames of many messages per socket write, no round trip), then ``tx.commit``
-and its commit-ok: the task's only round trip. A failure sends ``tx.rollback``. ``channel.flow``
-pauses the writer (up to ``flowTimeout``); TCP back-pressure slows it.
+Per task: one channel, the rows published with ``publish_many`` (frames of many messages per socket
+write, no round trip), then one wait: the task's only round trip. ``publishMode`` says which:
+- ``tx``: the channel in transaction mode (``tx.select`` once per pooled channel); ``tx.commit`` and its
+  commit-ok end the task, a failure sends ``tx.rollback`` (nothing of a failed task is delivered);
+- ``confirm`` (AMQP 0-9-1): the channel in confirm mode (``confirm.select``); the task ends when the broker
+  has acked every message it published (a nack fails it). Nothing can be taken back: a failed task's
+  messages may be delivered, and its retry publishes them again under the same message ids;
+- ``auto`` (the default): ``confirm`` on a 0-9-1 connection, ``tx`` on 0-8.
+``channel.flow`` pauses the writer (up to ``flowTimeout``); TCP back-pressure slows it.
 
 Entry points (called by the DataSource in ``spark_mq.datasources``): ``create_writer`` and
 ``create_stream_writer``.
@@ -55,6 +60,8 @@ def _check(opts: Options, columns: ColumnPlan) -> None:
     if "routing_key" not in columns and opts.get("routingKey") is None:
         raise OptionError("the amqp08 sink needs a routing key: give option 'routingKey' (it may be empty, "
                           "e.g. for a fanout exchange) or a 'routing_key' column")
+    if opts.get("publishMode") == "confirm" and (opts.get("protocol") or "0-8") == "0-8":
+        publish_mode(opts, "0-8")  # fails at query start, naming both options
 
 
 class AmqpEncoder(Encoder):
@@ -99,16 +106,32 @@ class AmqpEncoder(Encoder):
         return messages, sum(map(len, body))
 
 
+def publish_mode(opts: Options, protocol: str) -> str:
+    """``tx`` or ``confirm``: option publishMode for a connection speaking ``protocol``."""
+    mode = opts.get("publishMode") or "auto"
+    if mode == "auto":
+        return "confirm" if protocol == "0-9-1" else "tx"
+    if mode == "confirm" and protocol != "0-9-1":
+        raise OptionError(f"publishMode=confirm needs AMQP 0-9-1, and this connection speaks {protocol}: "
+                          "set option protocol to 0-9-1 (or auto), or publishMode to tx")
+    return mode
+
+
 class AmqpSession(Session):
-    """A connection and one channel in transaction mode."""
+    """A connection and one channel, in transaction mode or in confirm mode (``publish_mode``)."""
 
     def __init__(self, opts: Options) -> None:
         from spark_mq.clients.connect import connect_amqp08
 
         self.connection = connect_amqp08(opts)
         try:
+            self.mode = publish_mode(opts, self.connection.protocol)
+            self.atomic = self.mode == "tx"
             self.channel = self.connection.channel()
-            self.channel.tx_select()
+            if self.atomic:
+                self.channel.tx_select()
+            else:
+                self.channel.confirm_select()
         except BaseException:
             self.connection.close(1.0)
             raise
@@ -126,10 +149,15 @@ class AmqpSession(Session):
         self.channel.publish_many(messages, batch_bytes=self.flush_bytes, timeout=self.flow_timeout)
 
     def commit(self) -> None:
-        self.channel.tx_commit(timeout=self.commit_timeout)
+        if self.atomic:
+            self.channel.tx_commit(timeout=self.commit_timeout)
+        else:
+            self.channel.wait_for_confirms(timeout=self.commit_timeout)
 
     def rollback(self) -> None:
-        self.channel.tx_rollback(timeout=min(self.commit_timeout, 30.0))
+        if self.atomic:
+            self.channel.tx_rollback(timeout=min(self.commit_timeout, 30.0))
+        # confirm mode: what was published is the broker's; the session is dropped after a failed task
 
     def healthy(self) -> bool:
         return self.channel.is_open and self.connection.is_open

@@ -109,6 +109,8 @@ class MalamuteEncoder(Encoder):
 class MalamuteSession(Session):
     """An anonymous (or ``<address>.<pid>``) Malamute client; a producer of at most one stream at a time."""
 
+    atomic = False  # Malamute has no transactions
+
     def __init__(self, opts: Options) -> None:
         from spark_mq.clients.connect import connect_malamute
 

@@ -61,7 +61,7 @@ SLICE_FLUSHES = 4
 #: Options that identify a connection: sessions are pooled per distinct set of these values.
 CONNECTION_KEYS = ("uri", "host", "port", "username", "password", "virtualHost", "tls", "tlsCaFile",
                    "tlsCertFile", "tlsKeyFile", "tlsVerify", "tlsServerName", "heartbeat", "connectTimeout",
-                   "address")
+                   "address", "protocol", "publishMode")
 #: Options that choose where messages go: part of ``write_key``, so two writes of one micro-batch to
 #: different places never share ids. ``writeName`` tells apart writes that go to the same place.
 DESTINATION_KEYS = ("exchange", "routingKey", "destination", "stream", "mailbox", "service", "subject",
@@ -82,6 +82,9 @@ class SinkCommitMessage(WriterCommitMessage):
 
 class Session(ABC):
     """One open broker connection able to run one transaction at a time (used by one task at a time)."""
+
+    #: a rollback undoes what the task published (False: publisher confirms, where nothing can be undone)
+    atomic = True
 
     @abstractmethod
     def begin(self, options: Options) -> None:
@@ -262,8 +265,13 @@ def write_partition(plan: SinkPlan, batches: Iterable[pa.RecordBatch]) -> SinkCo
 def _rollback(session: Session, plan: SinkPlan, prefix: str, seq: int, exc: BaseException) -> None:
     try:
         session.rollback()
-        log.warning("%s sink: task failed after %d messages (ids %s...); transaction rolled back: %r",
-                    plan.fmt, seq, prefix, exc)
+        if session.atomic:
+            log.warning("%s sink: task failed after %d messages (ids %s...); transaction rolled back: %r",
+                        plan.fmt, seq, prefix, exc)
+        else:
+            log.warning("%s sink: task failed after %d messages (ids %s...): they cannot be taken back (publisher "
+                        "confirms) and may be delivered; a retry publishes them again under the same ids: %r",
+                        plan.fmt, seq, prefix, exc)
     except Exception as rollback_exc:  # noqa: BLE001 - the original failure is what the task raises
         log.warning("%s sink: task failed after %d messages (%r); rollback failed too (%r); the session is "
                     "dropped and the broker discards the open transaction with the connection",

@@ -203,6 +203,7 @@ def test_malamute_encoder_stream_mode():
 
 class FakeSession:
     instances: list = []
+    atomic = True  # a rollback undoes the task's messages (writer.Session.atomic)
 
     def __init__(self, opts, fail_publish_at=None):
         self.log: list = []
