@@ -94,7 +94,7 @@ def _queue_length(url: str, queue: str) -> int:
 
 
 def test_the_sink_commits_with_publisher_confirms_on_0_9_1_and_a_nack_fails_the_write(spark, rabbitmq4, unique_name):
-    """publishMode=auto (the default) on a 0-9-1 connection: publisher confirms. 2,000 persistent rows into a
+    """publishMode=confirm on a 0-9-1 connection: publisher confirms as the task's commit. 2,000 persistent rows into a
     quorum queue, every one there; into a queue that rejects what is over its length limit (x-overflow
     reject-publish), the broker nacks the excess and the write fails naming the nacked messages. In a
     transaction (publishMode=tx) RabbitMQ 4 fails the commit ("partial tx completion") after it enqueued
@@ -111,12 +111,10 @@ def test_the_sink_commits_with_publisher_confirms_on_0_9_1_and_a_nack_fails_the_
         ch.queue_declare(full_queue, durable=True, arguments={"x-queue-type": "classic", "x-max-length": 10,
                                                                "x-overflow": "reject-publish"})
 
-    def write(queue: str, n: int, mode: str = None):
+    def write(queue: str, n: int, mode: str = "confirm"):
         w = (spark.createDataFrame([(f"c{i}",) for i in range(n)], "body string").repartition(2).write
              .format("amqp08").option("uri", url).option("protocol", "0-9-1").option("exchange", "")
-             .option("routingKey", queue).option("deliveryMode", 2).mode("append"))
-        if mode:
-            w = w.option("publishMode", mode)
+             .option("routingKey", queue).option("deliveryMode", 2).option("publishMode", mode).mode("append"))
         w.save()
 
     write(ok_queue, 2000)

@@ -14,10 +14,14 @@ def _opts(**extra):
     return parse_sink_options({"uri": "amqp://guest:guest@127.0.0.1:5672/%2F", "routingKey": "q", **extra}, "amqp08")
 
 
-@pytest.mark.parametrize("protocol,mode", [("0-9-1", "confirm"), ("0-8", "tx")])
-def test_auto_takes_confirms_where_the_connection_has_them(protocol, mode):
-    assert _opts().get("publishMode") == "auto"
-    assert publish_mode(_opts(), protocol) == mode
+@pytest.mark.parametrize("protocol", ["0-9-1", "0-8"])
+def test_transactions_are_the_default_on_either_protocol(protocol):
+    assert _opts().get("publishMode") == "tx"
+    assert publish_mode(_opts(), protocol) == "tx"
+
+
+def test_confirms_on_0_9_1_when_asked():
+    assert publish_mode(_opts(publishMode="confirm"), "0-9-1") == "confirm"
 
 
 def test_tx_is_kept_on_either_protocol():
