@@ -180,3 +180,21 @@ def run_available_now(writer, timeout: float):
         query.stop()
         raise TimeoutError(f"streaming query did not finish within {timeout}s")
     return query
+
+
+def finish(query, timeout: float, name: str = "the query"):
+    """Wait up to ``timeout`` seconds for ``query`` to end by itself (availableNow, once, or a failure, which
+    the caller reads from ``query.exception()``); returns it. A query still running then is stopped and
+    fails the test, with its last progress (a livelock shows there)."""
+    import pytest
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        done = query.awaitTermination(timeout)
+    except StreamingQueryException:
+        done = True
+    if not done:
+        progress = query.lastProgress
+        query.stop()
+        pytest.fail(f"{name} did not finish within {timeout}s; last progress: {progress and progress.get('sources')}")
+    return query

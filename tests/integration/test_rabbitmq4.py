@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from sinktest import finish
+
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.protocol.amqp08.errors import ProtocolRefused
 
@@ -48,16 +50,7 @@ def test_0_9_1_publish_consume_ack_on_rabbitmq4(rabbitmq4, unique_name, protocol
 
 
 def _finish(q, timeout: float = 240):
-    from pyspark.errors import StreamingQueryException
-
-    try:
-        done = q.awaitTermination(timeout)
-    except StreamingQueryException:
-        done = True
-    if not done:
-        q.stop()
-        pytest.fail(f"query did not finish within {timeout}s")
-    return q
+    return finish(q, timeout)
 
 
 def test_the_format_reads_and_writes_rabbitmq4_in_0_9_1_and_says_why_it_cannot_in_0_8(spark, rabbitmq4, unique_name,

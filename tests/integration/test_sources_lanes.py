@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from sinktest import finish
+
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
@@ -51,15 +53,7 @@ def _last_source_offset(ckpt: Path) -> dict:
 
 
 def _finish(q, name: str):
-    from pyspark.errors import StreamingQueryException
-    try:
-        done = q.awaitTermination(QUERY_TIMEOUT)
-    except StreamingQueryException:
-        done = True
-    if not done:
-        q.stop()
-        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s")
-    return q
+    return finish(q, QUERY_TIMEOUT, f"query {name}")
 
 
 def _stream(spark, fmt: str, options: dict, log: Path):

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from sinktest import finish
+
 from spark_mq.clients.amqp08 import BasicProperties, Connection
 from spark_mq.clients.stomp import StompClient
 
@@ -52,18 +54,7 @@ def _poison_table(n: int) -> bytes:
 
 
 def _finish(q, name: str):
-    from pyspark.errors import StreamingQueryException
-
-    try:
-        done = q.awaitTermination(QUERY_TIMEOUT)
-    except StreamingQueryException:
-        done = True
-    if not done:
-        progress = q.lastProgress
-        q.stop()
-        pytest.fail(f"query {name} did not finish within {QUERY_TIMEOUT}s (livelock?); last progress: "
-                    f"{progress and progress.get('sources')}")
-    return q
+    return finish(q, QUERY_TIMEOUT, f"query {name} (livelock?)")
 
 
 def _read_all(spark, fmt: str, opts: dict, tmp_path, name: str):
