@@ -27,24 +27,18 @@ import tempfile
 import time
 import uuid
 
-from bench.common import integration_module, measured, write_results
+from bench.common import flag_options, integration_module, measured, numbered_bodies, write_results
 
 DEFAULTS = {"n": 20000, "source_n": 100000, "size": 100, "rounds": 3}
 QUERY_TIMEOUT = 600.0
 
 
 def _args(argv):
-    opts = dict(DEFAULTS)
-    for a in argv:
-        if a.startswith("--") and "=" in a:
-            k, v = a[2:].split("=", 1)
-            if k in opts:
-                opts[k] = type(DEFAULTS[k])(v)
-    return opts
+    return flag_options(argv, DEFAULTS)
 
 
 def _bodies(n: int, size: int) -> list:
-    return [(b"%08d-" % i).ljust(size, b"x") for i in range(n)]
+    return numbered_bodies(n, size)
 
 
 def _channel(url: str):

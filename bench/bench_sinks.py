@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import harness, measured, integration_module, write_results
+from bench.common import flag_options, harness, measured, integration_module, numbered_bodies, write_results
 
 DEFAULTS = {"n": 30000, "size": 100, "formats": "amqp08,stomp,malamute", "rounds": 1}
 QUERY_TIMEOUT = 300.0
@@ -38,17 +38,11 @@ WARM_ROWS = 100
 
 
 def _args(argv):
-    opts = dict(DEFAULTS)
-    for a in argv:
-        if a.startswith("--") and "=" in a:
-            k, v = a[2:].split("=", 1)
-            if k in opts:
-                opts[k] = type(DEFAULTS[k])(v)
-    return opts
+    return flag_options(argv, DEFAULTS)
 
 
 def _bodies(n: int, size: int) -> list:
-    return [(b"%08d-" % i).ljust(size, b"x") for i in range(n)]
+    return numbered_bodies(n, size)
 
 
 # -- raw clients ---------------------------------------------------------------------------------

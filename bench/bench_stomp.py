@@ -19,20 +19,14 @@ import threading
 import time
 import uuid
 
-from bench.common import harness, measured, write_results
+from bench.common import flag_options, harness, measured, write_results
 
 DEFAULTS = {"n": 20000, "size": 100, "brokers": "rabbitmq,activemq"}
 TIMEOUT = 120.0
 
 
 def _args(argv):
-    opts = dict(DEFAULTS)
-    for a in argv:
-        if a.startswith("--") and "=" in a:
-            k, v = a[2:].split("=", 1)
-            if k in opts:
-                opts[k] = type(DEFAULTS[k])(v)
-    return opts
+    return flag_options(argv, DEFAULTS)
 
 
 def _start(name):

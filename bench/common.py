@@ -20,6 +20,22 @@ class Measure:
     extra: dict = field(default_factory=dict)
 
 
+def flag_options(argv, defaults: dict) -> dict:
+    """``defaults`` with every ``--name=value`` of ``argv`` whose name it has, typed like the default."""
+    opts = dict(defaults)
+    for a in argv:
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+            if k in opts:
+                opts[k] = type(defaults[k])(v)
+    return opts
+
+
+def numbered_bodies(n: int, size: int) -> list:
+    """``n`` bodies of ``size`` bytes, each starting with its zero-padded index."""
+    return [(b"%08d-" % i).ljust(size, b"x") for i in range(n)]
+
+
 @contextmanager
 def measured():
     """Wall time and this process's CPU time (user+system, all threads) of the block."""

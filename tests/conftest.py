@@ -39,7 +39,6 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 import sparkenv  # noqa: E402
 
 sparkenv.apply()
-JAVA_OPTIONS = sparkenv.JAVA_OPTIONS
 
 # Seconds; a safety net against hangs, not a performance budget. Override per test with
 # @pytest.mark.timeout(N), or for a run with SPARK_MQ_TEST_TIMEOUT=N (0 disables) or --timeout=N.
